@@ -1,0 +1,1 @@
+"""specvoice.audio: capture, playback, VAD, resampling and WAV files. Never imports voice."""

@@ -1,0 +1,149 @@
+"""The ``specvoice`` command. Each subcommand lives in the module that does the work; this file only parses
+flags, loads the config and dispatches, so ``specvoice --help`` stays fast (heavy imports happen late)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import os
+import sys
+
+from voice.config import ConfigError, config_to_toml, load_config
+from voice.logs import setup_logging
+
+# subcommand -> "module:function"; each function is f(config, args, extra_argv) -> exit code
+COMMANDS = {
+    "demo": "voice.demo:main",
+    "run": "voice.desktop:main",
+    "transcribe": "voice.speech_cli:transcribe_main",
+    "say": "voice.speech_cli:say_main",
+    "serve": "voice.serve:main",
+    "bench llm": "voice.cli:bench_llm",
+    "bench speech": "voice.bench_speech:main",
+    "bench pipeline": "voice.bench_pipeline:main",
+}
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="specvoice", description="Local real-time voice assistant with a speculative LLM core.")
+    p.add_argument("-c", "--config", help="TOML config (default: $SPECVOICE_CONFIG or configs/default.toml)")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
+    p.add_argument("-v", "--verbose", action="count", default=0, help="-v info logs, -vv debug logs")
+    sub = p.add_subparsers(dest="command", required=True)
+
+    cfg = sub.add_parser("config", help="show or check configuration").add_subparsers(dest="action", required=True)
+    cfg.add_parser("show", help="print the effective config")
+    check = cfg.add_parser("check", help="validate a config file")
+    check.add_argument("file")
+
+    models = sub.add_parser("models", help="list, prepare and verify models").add_subparsers(dest="action", required=True)
+    models.add_parser("list", help="registered models and their state")
+    prep = models.add_parser("prepare", help="build caches (default: the models the config uses)")
+    prep.add_argument("names", nargs="*")
+    prep.add_argument("--all", action="store_true", help="every registered model")
+    prep.add_argument("--force", action="store_true", help="rebuild even when healthy")
+    ver = models.add_parser("verify", help="check every installed model's files and checksums")
+    ver.add_argument("--repair", action="store_true", help="rebuild damaged cache entries")
+
+    demo = sub.add_parser("demo", help="spoken turns from WAV files, with the latency table")
+    demo.add_argument("--in", dest="inputs", action="append", default=[], metavar="WAV", help="question WAV (repeatable)")
+    demo.add_argument("--out", metavar="WAV", help="write the spoken answer(s) here")
+    demo.add_argument("--json", metavar="FILE", help="write the traces as JSON")
+    sub.add_parser("run", help="desktop mode: microphone and speaker")
+    tr = sub.add_parser("transcribe", help="transcribe a WAV file, streaming partials")
+    tr.add_argument("file")
+    say = sub.add_parser("say", help="speak text with piper")
+    say.add_argument("text")
+    say.add_argument("-o", "--out", help="write a WAV instead of playing")
+    sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
+    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
+    bench.add_argument("what", choices=["llm", "speech", "pipeline"])
+    return p
+
+
+def bench_llm(config, args, extra: list[str]) -> int:
+    """Resolve the configured pair, then hand over to llm.bench (which must not import voice)."""
+    from llm import bench
+    from voice.models import resolve
+
+    target = resolve(config.models.target, "llm", config.models.cache_dir).location
+    draft = resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft else None
+    return bench.main(extra, target=target, draft=draft, settings=config.llm.model_dump())
+
+
+def _models(config, args) -> int:
+    from voice import models as m
+
+    if args.action == "list":
+        print(f"{'name':30s} {'kind':5s} {'MB':>5s}  state  (cache: {m.cache_root(config.models.cache_dir)})")
+        for name, entry in m.REGISTRY.items():
+            print(f"{name:30s} {entry.kind:5s} {entry.size_mb:5d}  {m.status(name, config.models.cache_dir)}")
+        return 0
+    if args.action == "prepare":
+        names = list(m.REGISTRY) if args.all else args.names
+        if not names:
+            used = [config.models.target, config.models.draft, config.models.stt, config.models.tts, config.models.vad]
+            names = [n for n in used if n]
+        for name in names:
+            if name not in m.REGISTRY:
+                print(f"{name}: not a registered model (local paths and hub ids need no preparation)")
+                continue
+            entry = m.REGISTRY[name]
+            if entry.cached:
+                path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force, full_check=True)
+            else:
+                path = m.resolve(name, entry.kind, config.models.cache_dir).path
+            print(f"{name}: ready at {path}")
+        return 0
+    # verify
+    bad = 0
+    for name, entry in m.REGISTRY.items():
+        state = m.status(name, config.models.cache_dir, full=True)
+        if state.startswith("not installed"):
+            print(f"{name:30s} {state}")
+            continue
+        if state != "ok" and args.repair and entry.cached:
+            m.build_entry(entry, m.cache_root(config.models.cache_dir), force=True)
+            state = m.status(name, config.models.cache_dir, full=True) + " (repaired)"
+        bad += not state.startswith("ok")
+        print(f"{name:30s} {state}")
+    return 1 if bad else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, extra = _parser().parse_known_args(argv)
+    try:
+        if args.command == "config" and args.action == "check":
+            load_config(args.file)
+            print(f"{args.file}: ok")
+            return 0
+        config = load_config(args.config, overrides=args.set)
+    except ConfigError as exc:
+        print(f"specvoice: {exc}", file=sys.stderr)
+        return 2
+    level = ["WARNING", "INFO", "DEBUG"][min(args.verbose, 2)] if args.verbose else config.logging.level
+    setup_logging(level, config.logging.format)
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    if args.command == "config":
+        print(config_to_toml(config))
+        return 0
+    key = f"bench {args.what}" if args.command == "bench" else args.command
+    if extra and key not in ("bench llm", "bench speech", "bench pipeline"):
+        print(f"specvoice: unknown arguments {' '.join(extra)}", file=sys.stderr)
+        return 2
+    from voice.models import ModelError
+
+    try:
+        if args.command == "models":
+            return _models(config, args)
+        module, func = COMMANDS[key].split(":")
+        return int(getattr(importlib.import_module(module), func)(config, args, extra) or 0)
+    except (ModelError, ConfigError) as exc:
+        print(f"specvoice: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,273 @@
+"""The one configuration object, loaded from TOML, environment and CLI flags.
+
+Why pydantic: every key is validated on load and an error can name the file, the dotted key and the fix,
+instead of failing later in a worker thread. Precedence, lowest to highest: the TOML file, environment
+variables ``SPECVOICE_<SECTION>__<KEY>`` (double underscore between levels), then ``--set section.key=value``
+flags on the command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tomllib
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
+ENV_PREFIX = "SPECVOICE_"
+
+
+class ConfigError(ValueError):
+    """A configuration problem, phrased for the user: where, what, and how to fix it."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelsConfig(_Section):
+    """Model names (see ``specvoice models list``), local paths, or hub ids."""
+
+    target: str = "qwen2.5-coder-1.5b-instruct"
+    draft: str | None = None
+    stt: str = "whisper-base"
+    tts: str = "piper-joe-medium"
+    vad: str = "silero-vad"
+    wake_word: str | None = None
+    cache_dir: str | None = Field(None, description="default: $XDG_CACHE_HOME/specvoice")
+
+
+class LLMConfig(_Section):
+    device: str = "cpu"
+    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
+    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
+    mode: Literal["draft", "ngram", "target"] = "draft"
+    draft_length: int | Literal["adaptive"] = "adaptive"
+    max_draft_length: int = Field(6, ge=1, le=32)
+    draft_quantize: Literal["none", "int8"] = "int8"
+    draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
+    tree: bool = False
+    max_new_tokens: int = Field(96, ge=1)
+    temperature: float = Field(0.0, ge=0.0)
+    top_k: int = Field(0, ge=0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    seed: int | None = None
+    context_limit: int = Field(4096, ge=64)
+
+
+class DialogConfig(_Section):
+    system_prompt: str = (
+        "You are a helpful voice assistant. Answer in one to three short spoken sentences, "
+        "with no lists, code or markdown."
+    )
+    history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
+
+
+class STTConfig(_Section):
+    language: str | None = "en"
+    device: str = "cpu"
+    compute_type: str = "int8"
+    beam_size: int = Field(1, ge=1)
+    partial_interval_ms: int = Field(600, ge=100)
+    threads: int = Field(2, ge=1)
+
+
+class TTSConfig(_Section):
+    speaker_id: int | None = None
+    length_scale: float = Field(1.0, gt=0.0)
+    first_fragment_chars: int = Field(12, ge=1)
+    max_fragment_words: int = Field(30, ge=4)
+
+
+class VADConfig(_Section):
+    engine: Literal["silero", "webrtc"] = "silero"
+    threshold: float = Field(0.5, gt=0.0, lt=1.0)
+    min_speech_ms: int = Field(200, ge=0)
+    end_silence_ms: int = Field(500, ge=50)
+    preroll_ms: int = Field(300, ge=0)
+
+
+class AudioConfig(_Section):
+    input_device: str | int | None = None
+    output_device: str | int | None = None
+    block_ms: int = Field(20, ge=5, le=200)
+    echo: Literal["off", "gate", "cancel"] = "cancel"
+
+
+class BudgetConfig(_Section):
+    """Per-stage latency budgets in milliseconds; a turn reports the stages that went over."""
+
+    endpointing: float = 600
+    stt_final: float = 400
+    llm_first_token: float = 500
+    first_fragment: float = 600
+    tts_first_audio: float = 250
+    playback_start: float = 50
+    voice_to_voice: float = 1200
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    token: str | None = None
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    max_turn_audio_s: float = Field(60.0, gt=0)
+    max_sessions: int = Field(16, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0)
+    metrics_port: int | None = Field(None, ge=0, le=65535)
+
+
+class WyomingConfig(_Section):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(10300, ge=0, le=65535)
+    zeroconf: bool = False
+
+
+class MQTTConfig(_Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=0, le=65535)
+    username: str | None = None
+    password: str | None = None
+    tls: bool = False
+    ca_file: str | None = None
+    client_id: str = "specvoice"
+    prefix: str = "specvoice"
+    discovery_prefix: str = "homeassistant"
+    node_id: str = "specvoice"
+    allowed_actions: dict[str, list[str]] = Field(
+        default_factory=dict, description="topic -> allowed payloads, e.g. {'home/kitchen/light/set' = ['ON','OFF']}"
+    )
+    events: dict[str, str] = Field(
+        default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
+    )
+
+
+class LoggingConfig(_Section):
+    level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "WARNING"
+    format: Literal["json", "text"] = "json"
+
+
+class Config(_Section):
+    models: ModelsConfig = ModelsConfig()
+    llm: LLMConfig = LLMConfig()
+    dialog: DialogConfig = DialogConfig()
+    stt: STTConfig = STTConfig()
+    tts: TTSConfig = TTSConfig()
+    vad: VADConfig = VADConfig()
+    audio: AudioConfig = AudioConfig()
+    budget: BudgetConfig = BudgetConfig()
+    server: ServerConfig = ServerConfig()
+    wyoming: WyomingConfig = WyomingConfig()
+    mqtt: MQTTConfig = MQTTConfig()
+    logging: LoggingConfig = LoggingConfig()
+
+    @model_validator(mode="after")
+    def _draft_needed(self) -> Config:
+        if self.llm.mode == "draft" and not self.models.draft:
+            raise ValueError("llm.mode = 'draft' needs models.draft; set it, or set llm.mode = 'ngram' or 'target'")
+        return self
+
+
+def _hint(err: dict[str, Any]) -> str:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        return "remove it or check its spelling (see `specvoice config show` for every key)"
+    if kind == "missing":
+        return "add it"
+    if kind.startswith("literal"):
+        return "use one of the values listed above"
+    return "change the value"
+
+
+def _format(errors: list[dict[str, Any]], source: str) -> str:
+    lines = [f"invalid configuration in {source}:"]
+    for err in errors:
+        key = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        got = err.get("input")
+        got_text = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
+        lines.append(f"  {key}: {err['msg']}{got_text}; fix: {_hint(err)}")
+    return "\n".join(lines)
+
+
+def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
+    parts = dotted.split(".")
+    node = tree
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"cannot set {dotted!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def _parse_value(text: str) -> Any:
+    """Read an override as TOML/JSON where it parses (numbers, booleans, lists), else as a plain string."""
+    try:
+        return tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        try:
+            return json.loads(text)
+        except json.JSONDecodeError:
+            return text
+
+
+def _env_overrides(environ: dict[str, str]) -> list[tuple[str, Any]]:
+    out = []
+    for name, value in environ.items():
+        if name.startswith(ENV_PREFIX) and "__" in name:
+            dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            out.append((dotted, _parse_value(value)))
+    return out
+
+
+def load_config(
+    path: str | Path | None = None,
+    overrides: list[str] | None = None,
+    environ: dict[str, str] | None = None,
+) -> Config:
+    """Load ``path`` (default: $SPECVOICE_CONFIG or configs/default.toml), then env, then ``section.key=value`` flags."""
+    environ = dict(os.environ if environ is None else environ)
+    path = Path(path or environ.get("SPECVOICE_CONFIG") or DEFAULT_CONFIG)
+    if not path.exists():
+        raise ConfigError(f"config file {path} does not exist; fix: pass an existing file (see configs/)")
+    try:
+        tree = tomllib.loads(path.read_text())
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{path} is not valid TOML: {exc}; fix: correct the syntax at that line") from exc
+    sources = [str(path)]
+    for dotted, value in _env_overrides(environ):
+        _set_dotted(tree, dotted, value)
+        sources.append(f"${ENV_PREFIX}{dotted.upper().replace('.', '__')}")
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        dotted, value = item.split("=", 1)
+        _set_dotted(tree, dotted.strip(), _parse_value(value.strip()))
+        sources.append(f"--set {dotted.strip()}")
+    try:
+        return Config.model_validate(tree)
+    except ValidationError as exc:
+        origin = sources[0] if len(sources) == 1 else f"{sources[0]} (with {', '.join(sources[1:])})"
+        raise ConfigError(_format(exc.errors(), origin)) from None
+
+
+def config_to_toml(config: Config) -> str:
+    """Render the effective config as TOML (for `specvoice config show`)."""
+    lines: list[str] = []
+    for section, values in config.model_dump().items():
+        lines.append(f"[{section}]")
+        for key, value in values.items():
+            if value is None:
+                lines.append(f"# {key} = (unset)")
+            elif isinstance(value, dict):
+                inner = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())
+                lines.append(f"{key} = {{{inner}}}")
+            else:
+                lines.append(f"{key} = {json.dumps(value)}")
+        lines.append("")
+    return "\n".join(lines)

