@@ -114,9 +114,13 @@ def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(argv)
     try:
         if args.command == "config" and args.action == "check":
-            load_config(args.file)
-            print(f"{args.file}: ok")
-            return 0
+            from voice.models import check_models
+
+            problems = check_models(load_config(args.file))
+            for problem in problems:
+                print(f"specvoice: {args.file}: {problem}", file=sys.stderr)
+            print(f"{args.file}: {'ok' if not problems else 'invalid'}")
+            return 2 if problems else 0
         config = load_config(args.config, overrides=args.set)
     except ConfigError as exc:
         print(f"specvoice: {exc}", file=sys.stderr)

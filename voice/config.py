@@ -65,6 +65,8 @@ class DialogConfig(_Section):
         "with no lists, code or markdown."
     )
     history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
+    stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
+    turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
 
 
 class STTConfig(_Section):

@@ -305,3 +305,21 @@ def status(name: str, cache_dir: str | None = None, full: bool = False) -> str:
         problem = check_cache(path, full)
         return "ok" if problem is None else f"cache {problem}"
     return "ok" if path.exists() else f"missing file {path}"
+
+
+def check_models(config) -> list[str]:
+    """Problems with the models a config names, without building anything (for `specvoice config check`)."""
+    m = config.models
+    wanted = [("target", m.target, "llm"), ("stt", m.stt, "stt"), ("tts", m.tts, "tts")]
+    if m.draft and config.llm.mode == "draft":
+        wanted.append(("draft", m.draft, "llm"))
+    if config.vad.engine == "silero":
+        wanted.append(("vad", m.vad, "vad"))
+    problems = []
+    for key, name, kind in wanted:
+        try:
+            resolve(name, kind, m.cache_dir, build=False)
+        except ModelError as exc:
+            if "is not prepared" not in str(exc):
+                problems.append(f"models.{key}: {exc}")
+    return problems

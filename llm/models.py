@@ -1,0 +1,156 @@
+"""Loading causal LMs, checking that a draft can serve a target, and making the draft cheap.
+
+Thin on purpose: transformers does the loading; this module adds the three things the decoder needs.
+- Weights are copied into ordinary memory after loading. safetensors maps the file; on these VMs the
+  memory-reclaim daemon pages a mapping out and decoding slowed from 3.8 to 2.3 tok/s over ten minutes.
+- A draft must share the target's tokenizer (same ids for the same text, same special ids), or its
+  proposals mean nothing; we refuse a mismatched pair at load with the reason.
+- The draft need not be exact (verification keeps the output exact), so it can be made cheaper: int8
+  weights (torch dynamic quantization) and a reduced-vocabulary head (FR-Spec: only the most frequent
+  tokens; a rarer token is then never proposed, only produced by the target).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger("specvoice.llm")
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(RuntimeError):
+    """A model that could not be loaded, with the fix in the message."""
+
+
+class IncompatibleDraftError(ValueError):
+    """The draft does not share the target's tokenizer."""
+
+
+def load_causal_lm(location: str, *, device: str = "cpu", dtype: str = "bfloat16", threads: int | None = None):
+    """Load (model, tokenizer) from a local folder or "hub:<id>", in eval mode, weights in RAM."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}; fix: pick one of those")
+    if threads:
+        torch.set_num_threads(threads)
+    if location.startswith("hub:"):
+        source = location[4:]
+        where = f"hub id {source!r}"
+    else:
+        source = location
+        where = f"folder {location}"
+        if not Path(location).is_dir():
+            raise ModelLoadError(f"model folder {location} does not exist; fix: run `specvoice models prepare` "
+                                 "or point the config at a transformers model folder")
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(source)
+        model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
+    except OSError as exc:
+        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+        hint = ("this machine is offline (HF_HUB_OFFLINE=1); use a local folder or a registered model name"
+                if offline else "check the id, your network, and that the folder holds config.json and weights")
+        raise ModelLoadError(f"cannot load the LLM from {where}: {exc.__class__.__name__}: {exc}; fix: {hint}") from exc
+    model.to(device)
+    model.eval()
+    if device == "cpu":
+        _copy_into_ram(model)
+    log.info("llm loaded", extra={"location": location, "dtype": dtype, "params": _n_params(model)})
+    return model, tokenizer
+
+
+def _copy_into_ram(model: torch.nn.Module) -> None:
+    """Replace every (possibly memory-mapped) weight with a private copy; shared (tied) weights stay shared."""
+    with torch.no_grad():
+        for p in model.parameters():
+            p.data = p.data.clone()
+        for module in model.modules():
+            for name, buf in list(module.named_buffers(recurse=False)):
+                if buf is not None:
+                    module._buffers[name] = buf.clone()
+
+
+def _n_params(model: torch.nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())
+
+
+def special_ids(tokenizer) -> dict[str, int | None]:
+    return {name: getattr(tokenizer, f"{name}_token_id", None) for name in ("bos", "eos", "pad", "unk")}
+
+
+def check_compatible(target_tokenizer, draft_tokenizer) -> None:
+    """Raise IncompatibleDraftError unless both tokenizers map the same text to the same ids."""
+    t_vocab, d_vocab = target_tokenizer.get_vocab(), draft_tokenizer.get_vocab()
+    if len(t_vocab) != len(d_vocab):
+        raise IncompatibleDraftError(
+            f"the draft's tokenizer has {len(d_vocab)} tokens but the target's has {len(t_vocab)}; "
+            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'")
+    if t_vocab != d_vocab:
+        differ = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i)
+        raise IncompatibleDraftError(
+            f"the draft's tokenizer maps {differ} tokens to other ids than the target's; "
+            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'")
+    t_special, d_special = special_ids(target_tokenizer), special_ids(draft_tokenizer)
+    if t_special != d_special:
+        raise IncompatibleDraftError(
+            f"special token ids differ (target {t_special}, draft {d_special}); "
+            "fix: use a draft from the target's model family, or llm.mode = 'ngram'")
+
+
+def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+    """int8 weights for every Linear (torch dynamic quantization: int8 weights, fp32 activations).
+
+    Converted one decoder layer at a time, so the float32 copy that quantization needs exists for one layer
+    only (a whole fp32 copy of the 0.5B draft would add ~2 GiB to peak memory).
+    """
+    from torch.ao.quantization import quantize_dynamic
+
+    for name, child in list(model.named_children()):
+        if isinstance(child, torch.nn.Linear):
+            wrapped = quantize_dynamic(torch.nn.Sequential(child.float()), {torch.nn.Linear}, dtype=torch.qint8)
+            setattr(model, name, wrapped[0])
+        else:
+            quantize_int8(child)
+    # what is left outside Linear layers (norms, embeddings) runs in float32, like the activations
+    for p in model.parameters(recurse=False):
+        p.data = p.data.float()
+    for bname, buf in list(model.named_buffers(recurse=False)):
+        if buf is not None and buf.is_floating_point():
+            model._buffers[bname] = buf.float()
+    return model
+
+
+def reduce_vocab_head(model: torch.nn.Module, keep_ids: torch.Tensor) -> None:
+    """Keep only the rows of the output head for ``keep_ids``: logits come out over that subset, in that order.
+
+    Untied from the input embeddings (a copy of the kept rows), so the embeddings stay whole.
+    """
+    head = model.get_output_embeddings()
+    weight = head.weight.data[keep_ids].clone()
+    new_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=head.bias is not None,
+                               dtype=weight.dtype, device=weight.device)
+    new_head.weight.data = weight
+    if head.bias is not None:
+        new_head.bias.data = head.bias.data[keep_ids].clone()
+    model.set_output_embeddings(new_head)
+    model.config.tie_word_embeddings = False
+
+
+def frequent_token_ids(tokenizer, n: int) -> torch.Tensor:
+    """The n tokens a reduced draft head keeps: ids ordered by BPE merge rank, plus every special token.
+
+    Why merge rank: byte-level BPE learns merges in order of corpus frequency, so a low id is a frequent
+    token. FR-Spec counts frequencies on a corpus instead; we have none offline, and the merge order is the
+    tokenizer's own frequency record.
+    """
+    vocab_size = len(tokenizer)
+    special = [i for i in tokenizer.all_special_ids if i is not None and i < vocab_size]
+    added = [i for i in tokenizer.get_added_vocab().values() if i < vocab_size]
+    keep = list(range(min(n, vocab_size)))
+    extra = sorted(set(special) | set(added) - set(keep))
+    return torch.tensor(sorted(set(keep) | set(extra)), dtype=torch.long)

@@ -1,0 +1,113 @@
+"""Config files: valid ones load; each kind of broken one gives an error naming the file, the key and the fix."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from voice.config import ConfigError, load_config
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.mark.parametrize("name", ["default", "small", "gpu"])
+def test_shipped_configs_load(name):
+    config = load_config(ROOT / "configs" / f"{name}.toml", environ={})
+    assert config.server.host == "127.0.0.1"  # secure by default in every shipped config
+
+
+def test_small_config_uses_small_models(small_config):
+    assert small_config.models.target == "smollm2-135m-instruct"
+    assert small_config.models.stt == "whisper-tiny.en"
+
+
+def write(tmp_path, text):
+    path = tmp_path / "broken.toml"
+    path.write_text(text)
+    return path
+
+
+def test_unknown_key_names_file_key_and_fix(tmp_path):
+    path = write(tmp_path, "[llm]\nmax_new_tokns = 10\n")
+    with pytest.raises(ConfigError) as err:
+        load_config(path, environ={})
+    msg = str(err.value)
+    assert str(path) in msg and "llm.max_new_tokns" in msg and "check its spelling" in msg
+
+
+def test_unknown_section(tmp_path):
+    with pytest.raises(ConfigError, match=r"speeker.*check its spelling"):
+        load_config(write(tmp_path, "[speeker]\nvolume = 3\n"), environ={})
+
+
+def test_wrong_type_names_key_and_value(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, '[vad]\nend_silence_ms = "soon"\n'), environ={})
+    assert "vad.end_silence_ms" in str(err.value) and "'soon'" in str(err.value)
+
+
+def test_out_of_range_and_bad_choice(tmp_path):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, '[llm]\ntop_p = 3.0\ndtype = "int3"\n'), environ={})
+    assert "llm.top_p" in str(err.value) and "llm.dtype" in str(err.value)
+
+
+def test_toml_syntax_error_names_file(tmp_path):
+    path = write(tmp_path, "[llm\nmode = 1\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path, environ={})
+
+
+def test_draft_mode_needs_a_draft(tmp_path):
+    with pytest.raises(ConfigError, match="needs models.draft"):
+        load_config(write(tmp_path, '[models]\ntarget = "x"\n[llm]\nmode = "draft"\n'), environ={})
+
+
+def test_missing_file():
+    with pytest.raises(ConfigError, match="does not exist"):
+        load_config("/nonexistent/specvoice.toml", environ={})
+
+
+def test_env_and_flag_overrides_in_order():
+    env = {"SPECVOICE_LLM__MAX_NEW_TOKENS": "12", "SPECVOICE_SERVER__HOST": "0.0.0.0"}
+    config = load_config(ROOT / "configs/small.toml", environ=env)
+    assert config.llm.max_new_tokens == 12 and config.server.host == "0.0.0.0"
+    config = load_config(ROOT / "configs/small.toml", overrides=["llm.max_new_tokens=7"], environ=env)
+    assert config.llm.max_new_tokens == 7  # the flag beats the environment
+
+
+def test_bad_env_override_is_named():
+    with pytest.raises(ConfigError, match=r"SPECVOICE_LLM__TEMPERATURE"):
+        load_config(ROOT / "configs/small.toml", environ={"SPECVOICE_LLM__TEMPERATURE": "hot"})
+
+
+def cli(*args, env=None):
+    import os
+
+    return subprocess.run([sys.executable, "-m", "voice.cli", *args], capture_output=True, text=True, cwd=ROOT,
+                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=120)
+
+
+def test_cli_config_check_reports_missing_model(tmp_path):
+    path = write(tmp_path, '[models]\ntarget = "./no/such/model"\n[llm]\nmode = "target"\n')
+    result = cli("config", "check", str(path))
+    assert result.returncode == 2
+    assert "models.target" in result.stderr and "does not exist" in result.stderr
+
+
+def test_cli_config_check_offline_hub_id(tmp_path):
+    path = write(tmp_path, '[models]\ntarget = "Qwen/Qwen2.5-7B-Instruct"\n[llm]\nmode = "target"\n')
+    result = cli("config", "check", str(path))
+    assert result.returncode == 2 and "offline" in result.stderr and "specvoice[models]" in result.stderr
+
+
+def test_cli_config_show_prints_effective_values():
+    result = cli("-c", "configs/small.toml", "--set", "llm.max_new_tokens=5", "config", "show")
+    assert result.returncode == 0, result.stderr
+    assert "max_new_tokens = 5" in result.stdout and 'target = "smollm2-135m-instruct"' in result.stdout
+
+
+def test_cli_broken_config_exit_code(tmp_path):
+    result = cli("-c", str(write(tmp_path, "[llm]\nnope = 1\n")), "config", "show")
+    assert result.returncode == 2 and "llm.nope" in result.stderr

@@ -1,0 +1,396 @@
+"""The assistant: models loaded once, and sessions that run turns (speech or text in, speech out).
+
+A ``Session`` is one conversation with its own history, VAD, STT stream and turn state machine:
+
+    idle --speech_start--> listening --speech_end--> thinking --first audio--> speaking --done--> idle
+                                ^                        |                         |
+                                +------ barge-in --------+-------------------------+
+
+Speech from the user while the assistant thinks or speaks is a barge-in: the reply task is cancelled (the
+decoder stops between steps), queued audio is flushed, and the assistant's last message is trimmed to the words
+the user actually heard. Short noises never reach that point: the VAD only reports speech that lasted
+``vad.min_speech_ms``. Every stage runs under a timeout, and any failure ends the turn with a ``TurnError``
+event and leaves the session idle, ready for the next turn.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+
+import numpy as np
+
+from audio.frames import AudioChunk
+from audio.vad import Vad, VadEvent
+from voice.chunker import Chunker
+from voice.config import Config
+from voice.events import (ActionRequested, Event, EventHandler, SpeechStarted, SpeechStopped, State, StateChanged,
+                          TranscriptFinal, TranscriptPartial, TurnDone, TurnError)
+from voice.latency import LatencyStats, LatencyTrace
+from voice.reply import ReplyOutcome, StageError, speak_reply
+
+log = logging.getLogger("specvoice.assistant")
+MIC_RATE = 16000
+
+
+def decode_settings(config: Config, **overrides):
+    """The decoder settings for a turn, from ``config.llm`` (``overrides`` for benchmarks: mode="target")."""
+    from llm.engine import DecodeSettings
+
+    llm = config.llm
+    values = dict(mode=llm.mode, draft_length=llm.draft_length, max_draft_length=llm.max_draft_length,
+                  temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p, seed=llm.seed,
+                  max_new_tokens=llm.max_new_tokens, tree=llm.tree)
+    values.update(overrides)
+    return DecodeSettings(**values)
+
+
+class Assistant:
+    """Every model, loaded once; many sessions share it (generation is serialised inside the engine)."""
+
+    def __init__(self, config: Config, engine, stt, tts, vad_path: str) -> None:
+        self.config = config
+        self.engine = engine
+        self.stt = stt
+        self.tts = tts
+        self.vad_path = vad_path
+        self.tts_sample_rate: int = tts.sample_rate
+        self.stats = LatencyStats()
+        self._listeners: list[Callable[[str, Event], None]] = []
+        self._sessions: set[Session] = set()
+
+    @classmethod
+    async def load(cls, config: Config) -> Assistant:
+        return await asyncio.to_thread(cls.load_sync, config)
+
+    @classmethod
+    def load_sync(cls, config: Config) -> Assistant:
+        from llm.engine import Engine
+        from voice.models import resolve
+        from voice.stt import SpeechToText
+        from voice.tts import TextToSpeech
+
+        m, llm = config.models, config.llm
+        started = time.monotonic()
+        target = resolve(m.target, "llm", m.cache_dir).location
+        draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
+        engine = Engine.load(target, draft, device=llm.device, dtype=llm.dtype, mode=llm.mode,
+                             draft_quantize=llm.draft_quantize, draft_vocab=llm.draft_vocab, threads=llm.threads,
+                             context_limit=llm.context_limit)
+        stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt)
+        tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts)
+        vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""
+        log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2), "target": m.target,
+                                            "draft": draft, "stt": m.stt, "tts": m.tts})
+        return cls(config, engine, stt, tts, vad_path)
+
+    def session(self, on_event: EventHandler | None = None, *, sink=None, name: str = "") -> Session:
+        session = Session(self, on_event or (lambda event: None), sink=sink, name=name)
+        self._sessions.add(session)
+        return session
+
+    def add_listener(self, fn: Callable[[str, Event], None]) -> None:
+        self._listeners.append(fn)
+
+    def _broadcast(self, session_id: str, event: Event) -> None:
+        for fn in self._listeners:
+            try:
+                fn(session_id, event)
+            except Exception:  # a broken listener must not break the turn
+                log.exception("event listener failed")
+
+    async def close(self) -> None:
+        for session in list(self._sessions):
+            await session.close()
+
+
+class Session:
+    """One conversation. All methods are called from the event loop."""
+
+    def __init__(self, assistant: Assistant, on_event: EventHandler, *, sink=None, name: str = "") -> None:
+        cfg = assistant.config
+        self.assistant = assistant
+        self.config = cfg
+        self.id = name or uuid.uuid4().hex[:8]
+        self.sink = sink
+        self.state = State.IDLE
+        self.vad_enabled = True
+        self.decode = decode_settings(cfg)
+        self._on_event = on_event
+        self._system_prompt = cfg.dialog.system_prompt
+        self._allowed = dict(cfg.mqtt.allowed_actions)
+        if self._allowed:
+            from voice.actions import action_instructions
+
+            self._system_prompt += "\n\n" + action_instructions(self._allowed)
+        self.conversation = assistant.engine.conversation(self._system_prompt, cfg.dialog.history_tokens)
+        v = cfg.vad
+        self.vad = Vad(assistant.vad_path, engine=v.engine, threshold=v.threshold, min_speech_ms=v.min_speech_ms,
+                       end_silence_ms=v.end_silence_ms, preroll_ms=v.preroll_ms, sample_rate=MIC_RATE)
+        self._turn_ids = itertools.count(1)
+        self._utterance = None  # StreamingTranscription of the speech in progress
+        self._listen_trace: LatencyTrace | None = None
+        self._partial_task: asyncio.Task | None = None
+        self._turn_task: asyncio.Task | None = None
+        self._manual_audio: list[np.ndarray] = []
+        self._audio_clock: float | None = None  # monotonic time of the next pushed sample
+        self._closed = False
+
+    # ---- events and state ---------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[dict]:
+        return self.conversation.messages
+
+    def emit(self, event: Event) -> None:
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("session event handler failed", extra={"session": self.id})
+        self.assistant._broadcast(self.id, event)
+
+    def _set_state(self, state: State) -> None:
+        if state != self.state:
+            self.state = state
+            self.emit(StateChanged(state))
+
+    def _new_trace(self) -> LatencyTrace:
+        return LatencyTrace(next(self._turn_ids), budget_ms=self.config.budget.model_dump())
+
+    @property
+    def replying(self) -> bool:
+        return self._turn_task is not None and not self._turn_task.done()
+
+    # ---- audio in --------------------------------------------------------------------------------------------
+
+    async def push_audio(self, samples: np.ndarray, t: float | None = None) -> None:
+        """Feed microphone audio (int16 mono 16 kHz). ``t`` is the monotonic time of its first sample; without
+        it, consecutive pushes are assumed contiguous and the first one to end now."""
+        if self._closed:
+            raise RuntimeError(f"session {self.id} is closed")
+        samples = np.asarray(samples)
+        if samples.dtype != np.int16 or samples.ndim != 1:
+            raise ValueError("push_audio takes int16 mono samples at 16 kHz; convert (audio.resample) first")
+        if t is None:
+            now = time.monotonic()
+            t = self._audio_clock if self._audio_clock and abs(self._audio_clock + len(samples) / MIC_RATE - now) < 1.0 \
+                else now - len(samples) / MIC_RATE
+        self._audio_clock = t + len(samples) / MIC_RATE
+        if not self.vad_enabled:
+            self._manual_audio.append(samples.copy())
+            return
+        events = self.vad.process(AudioChunk(samples, MIC_RATE, t))
+        started = False
+        for event in events:
+            if event.kind == "speech_start":
+                await self._on_speech_start(event)
+                started = True
+            else:
+                await self._on_speech_end(event)
+        if self._utterance is not None and not started:
+            self._utterance.add(samples)
+
+    async def _on_speech_start(self, event: VadEvent) -> None:
+        if self.replying:
+            await self._barge_in()
+        self._listen_trace = self._new_trace()
+        self._listen_trace.mark("speech_start", event.t)
+        self._utterance = self.assistant.stt.stream()
+        if event.audio is not None and len(event.audio):
+            self._utterance.add(event.audio)
+        self._set_state(State.LISTENING)
+        self.emit(SpeechStarted(event.t))
+        self._partial_task = asyncio.create_task(self._partials(self._utterance))
+
+    async def _partials(self, utterance) -> None:
+        """Partial transcripts while the user speaks; one decode at a time, never blocking audio intake."""
+        interval = self.config.stt.partial_interval_ms / 1000.0
+        last = None
+        while True:
+            await asyncio.sleep(interval)
+            text = await utterance.partial()
+            if text and text != last:
+                last = text
+                self.emit(TranscriptPartial(text))
+
+    async def _stop_partials(self) -> None:
+        if self._partial_task is not None:
+            self._partial_task.cancel()
+            await asyncio.gather(self._partial_task, return_exceptions=True)
+            self._partial_task = None
+
+    async def _on_speech_end(self, event: VadEvent) -> None:
+        if self._utterance is None or self._listen_trace is None:
+            return
+        await self._stop_partials()
+        trace, utterance = self._listen_trace, self._utterance
+        self._utterance = self._listen_trace = None
+        trace.mark("speech_end", event.t)
+        trace.mark("endpoint", event.decided_t if event.decided_t is not None else time.monotonic())
+        self.emit(SpeechStopped(event.t))
+        self._turn_task = asyncio.create_task(self._voice_turn(utterance, trace))
+
+    async def commit_audio(self) -> None:
+        """End the user turn now (manual turn taking, or a client that knows better than the VAD)."""
+        if self.vad_enabled:
+            if self._utterance is not None:
+                await self._on_speech_end(VadEvent("speech_end", self._audio_clock or time.monotonic(), None,
+                                                   decided_t=time.monotonic()))
+            return
+        audio, self._manual_audio = self._manual_audio, []
+        if not audio:
+            return
+        trace = self._new_trace()
+        end = self._audio_clock or time.monotonic()
+        trace.mark("speech_end", end)
+        trace.mark("endpoint", time.monotonic())
+        utterance = self.assistant.stt.stream()
+        utterance.add(np.concatenate(audio))
+        if self.replying:
+            await self._barge_in()
+        self._turn_task = asyncio.create_task(self._voice_turn(utterance, trace))
+
+    def clear_audio(self) -> None:
+        self._manual_audio.clear()
+
+    async def transcribe(self, samples: np.ndarray) -> str:
+        """Speech to text only (no turn): for the Wyoming asr service."""
+        stream = self.assistant.stt.stream()
+        stream.add(np.asarray(samples, dtype=np.int16))
+        return await stream.final()
+
+    # ---- turns -----------------------------------------------------------------------------------------------
+
+    async def _voice_turn(self, utterance, trace: LatencyTrace) -> TurnDone | None:
+        self._set_state(State.THINKING)
+        try:
+            async with asyncio.timeout(self.config.dialog.stt_timeout_s):
+                text = (await utterance.final()).strip()
+        except Exception as exc:
+            return self._fail(trace, "stt", exc)
+        trace.mark("stt_final", time.monotonic())
+        self.emit(TranscriptFinal(text))
+        if not text:
+            self._set_state(State.IDLE)
+            return None
+        return await self._reply(text, trace, speak=True)
+
+    async def ask(self, text: str, *, speak: bool = True) -> TurnDone:
+        """A text turn: the reply is generated (and spoken) with the same events as a voice turn."""
+        text = text.strip()
+        if not text:
+            raise ValueError("ask() needs a non-empty question")
+        if self.replying:
+            await self._barge_in()
+        trace = self._new_trace()
+        trace.mark("turn_start", time.monotonic())
+        self._turn_task = asyncio.create_task(self._reply(text, trace, speak=speak))
+        return await asyncio.shield(self._turn_task)
+
+    async def wait_turn(self) -> TurnDone | None:
+        """Wait for the turn in progress (if any) to finish; returns its TurnDone."""
+        task = self._turn_task
+        return await asyncio.shield(task) if task is not None else None
+
+    async def say(self, text: str) -> None:
+        """Speak ``text`` now, without the LLM (announcements, Wyoming tts)."""
+        if self.replying:
+            await self._barge_in()
+
+        async def once() -> AsyncIterator[str]:
+            yield text
+
+        trace = self._new_trace()
+        outcome = ReplyOutcome()
+        if self.sink is not None:
+            self.sink.begin_utterance()
+        try:
+            await speak_reply(once(), tts=self.assistant.tts, chunker=self._chunker(), emit=self.emit,
+                              trace=trace, outcome=outcome, sink=self.sink,
+                              on_speaking=lambda: self._set_state(State.SPEAKING))
+        finally:
+            self._set_state(State.IDLE)
+
+    def _chunker(self) -> Chunker:
+        return Chunker(self.config.tts.first_fragment_chars, self.config.tts.max_fragment_words)
+
+    async def _reply(self, text: str, trace: LatencyTrace, *, speak: bool) -> TurnDone:
+        self._set_state(State.THINKING)
+        parser = None
+        if self._allowed:
+            from voice.actions import ActionParser
+
+            parser = ActionParser(self._allowed)
+        outcome = ReplyOutcome()
+        if self.sink is not None and speak:
+            self.sink.begin_utterance()
+        interrupted = False
+        error: StageError | None = None
+        try:
+            async with asyncio.timeout(self.config.dialog.turn_timeout_s):
+                await speak_reply(
+                    self.conversation.reply(text, self.decode), tts=self.assistant.tts if speak else None,
+                    chunker=self._chunker(), emit=self.emit, trace=trace, outcome=outcome,
+                    sink=self.sink if speak else None,
+                    text_filter=parser.push if parser else None, text_flush=parser.flush if parser else None,
+                    on_speaking=lambda: self._set_state(State.SPEAKING))
+        except asyncio.CancelledError:
+            interrupted = True
+        except StageError as exc:
+            error = exc
+        except TimeoutError as exc:
+            error = StageError("timeout", exc)
+        trace.mark("turn_end", time.monotonic())
+        heard = outcome.text.strip()
+        if interrupted and speak:
+            heard = outcome.heard_text(self.sink.played_samples if self.sink is not None else None)
+        if interrupted or error is not None:
+            self.conversation.trim_last_reply(heard)
+        stats = self.conversation.last_stats
+        trace.extra.update({"interrupted": interrupted,
+                            "decoder": stats.to_dict() if stats is not None else None})
+        for request in (parser.requests if parser else []):
+            self.emit(request if isinstance(request, ActionRequested) else ActionRequested(**request))
+        if error is not None:
+            self.emit(TurnError(trace.turn_id, error.stage, str(error)))
+            log.warning("turn failed", extra={"session": self.id, "stage": error.stage, "error": str(error)})
+        done = TurnDone(trace.turn_id, text, heard, interrupted, trace.to_dict())
+        self.assistant.stats.add(trace)
+        self.emit(done)
+        log.info("turn", extra={"session": self.id, **trace.to_dict()})
+        if not interrupted:
+            self._set_state(State.IDLE)
+        return done
+
+    def _fail(self, trace: LatencyTrace, stage: str, exc: BaseException) -> None:
+        message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+        self.emit(TurnError(trace.turn_id, stage, message))
+        log.warning("turn failed", extra={"session": self.id, "stage": stage, "error": message})
+        self._set_state(State.IDLE)
+
+    async def _barge_in(self) -> None:
+        """Stop the reply in progress: cancel generation and TTS, flush audio, trim history (in ``_reply``)."""
+        task = self._turn_task
+        if self.sink is not None:
+            self.sink.flush()
+        if task is not None and not task.done():
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        self._turn_task = None
+
+    async def cancel(self) -> None:
+        """Client-requested stop (response.cancel): same as a barge-in, then idle."""
+        await self._barge_in()
+        self._set_state(State.IDLE)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self._stop_partials()
+        await self._barge_in()
+        self.assistant._sessions.discard(self)
