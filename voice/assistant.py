@@ -139,6 +139,11 @@ class Session:
         self._manual_audio: list[np.ndarray] = []
         self._audio_clock: float | None = None  # monotonic time of the next pushed sample
         self._closed = False
+        self._echo = None
+        if cfg.audio.echo != "off":
+            from audio.echo import EchoSuppressor
+
+            self._echo = EchoSuppressor(MIC_RATE, mode=cfg.audio.echo)
 
     # ---- events and state ---------------------------------------------------------------------------------
 
@@ -167,14 +172,19 @@ class Session:
 
     # ---- audio in --------------------------------------------------------------------------------------------
 
-    async def push_audio(self, samples: np.ndarray, t: float | None = None) -> None:
+    async def push_audio(self, samples: np.ndarray, t: float | None = None,
+                         reference: np.ndarray | None = None) -> None:
         """Feed microphone audio (int16 mono 16 kHz). ``t`` is the monotonic time of its first sample; without
-        it, consecutive pushes are assumed contiguous and the first one to end now."""
+        it, consecutive pushes are assumed contiguous and the first one to end now. ``reference`` is what the
+        speaker played during the same interval (16 kHz): the echo suppressor removes it, so our own voice never
+        counts as the user's."""
         if self._closed:
             raise RuntimeError(f"session {self.id} is closed")
         samples = np.asarray(samples)
         if samples.dtype != np.int16 or samples.ndim != 1:
             raise ValueError("push_audio takes int16 mono samples at 16 kHz; convert (audio.resample) first")
+        if self._echo is not None and (reference is not None or self.replying):
+            samples = self._echo.process(samples, reference)
         if t is None:
             now = time.monotonic()
             t = self._audio_clock if self._audio_clock and abs(self._audio_clock + len(samples) / MIC_RATE - now) < 1.0 \
@@ -196,6 +206,9 @@ class Session:
 
     async def _on_speech_start(self, event: VadEvent) -> None:
         if self.replying:
+            if self._echo is not None and not self._echo.user_speech_likely():
+                log.info("speech during reply explained by playback: not a barge-in", extra={"session": self.id})
+                return
             await self._barge_in()
         self._listen_trace = self._new_trace()
         self._listen_trace.mark("speech_start", event.t)

@@ -1,0 +1,146 @@
+"""Where the ears get audio: a WAV file paced like a microphone, or the microphone itself.
+
+Both are async iterators of ``AudioChunk`` blocks (int16 mono at ``rate``) whose ``t`` is the monotonic time
+of the first sample, so everything downstream (VAD, latency trace) works the same on files and devices.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+import sounddevice as sd
+import soxr
+
+from audio.devices import DeviceError, find_device
+from audio.frames import AudioChunk
+from audio.wavfile import read_wav
+
+log = logging.getLogger("specvoice.audio")
+
+
+class WavSource:
+    """A WAV file delivered in ``block_ms`` blocks. With ``realtime`` each block arrives when a microphone
+    would deliver it (just after its last sample), so latencies measured on files mean what they mean on a
+    device; without it the blocks come at once but keep the same virtual timestamps.
+
+    ``tail_silence_ms`` appends silence, so a VAD can see the end of the last utterance in the file.
+    The file is converted (downmix, resample) to ``rate``: a person handed it to us.
+    """
+
+    def __init__(self, path: str | Path, *, block_ms: int = 20, rate: int = 16000, realtime: bool = True,
+                 tail_silence_ms: int = 0) -> None:
+        samples, _ = read_wav(path, rate, convert=True)
+        tail = np.zeros(rate * tail_silence_ms // 1000, dtype=np.int16)
+        self.samples = np.concatenate([samples, tail])
+        self.rate = rate
+        self.block = max(1, rate * block_ms // 1000)
+        self.realtime = realtime
+        self.start_t: float | None = None  # monotonic time of the first sample, set when iteration starts
+
+    @property
+    def duration(self) -> float:
+        return len(self.samples) / self.rate
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        return self._blocks()
+
+    async def _blocks(self) -> AsyncIterator[AudioChunk]:
+        t0 = self.start_t = time.monotonic()
+        for start in range(0, len(self.samples), self.block):
+            block = self.samples[start:start + self.block]
+            t = t0 + start / self.rate
+            if self.realtime:
+                delay = t + len(block) / self.rate - time.monotonic()
+                if delay > 0:
+                    await asyncio.sleep(delay)
+            else:
+                await asyncio.sleep(0)  # let other tasks run, as a real source would
+            yield AudioChunk(block, self.rate, t)
+
+
+class MicSource:
+    """The microphone through sounddevice. The PortAudio callback never blocks: it copies the block and hands
+    it to the event loop with ``call_soon_threadsafe``; a full queue drops the block and counts it in
+    ``dropped`` (a stalled consumer must not stall the audio thread).
+
+    If the device refuses ``rate``, it is opened at its default rate and resampled here (not in the callback).
+    """
+
+    def __init__(self, device: str | int | None = None, *, block_ms: int = 20, rate: int = 16000,
+                 max_queued_blocks: int = 100) -> None:
+        self.device = find_device(device, "input")
+        self.rate = rate
+        self.block_ms = block_ms
+        self.dropped = 0
+        self.overflows = 0  # PortAudio input overflows (the OS dropped audio before we saw it)
+        self._max = max_queued_blocks
+        self._queue: asyncio.Queue[tuple[np.ndarray, float] | None] | None = None
+        self._stream: sd.InputStream | None = None
+
+    def _open(self, loop: asyncio.AbstractEventLoop) -> int:
+        queue = self._queue
+        assert queue is not None
+
+        def put(item: tuple[np.ndarray, float]) -> None:
+            if queue.full():
+                self.dropped += 1
+            else:
+                queue.put_nowait(item)
+
+        def callback(indata, frames, time_info, status) -> None:  # PortAudio thread: copy, stamp, hand over
+            now = time.monotonic()
+            if status.input_overflow:
+                self.overflows += 1
+            adc = time_info.inputBufferAdcTime
+            # PortAudio's stream clock is not monotonic(): map it through the callback's "now"
+            age = time_info.currentTime - adc if adc > 0 and time_info.currentTime > 0 else frames / device_rate
+            loop.call_soon_threadsafe(put, (indata[:, 0].copy(), now - age))
+
+        default_rate = int(sd.query_devices(self.device, "input")["default_samplerate"])
+        error: Exception | None = None
+        for device_rate in dict.fromkeys((self.rate, default_rate)):
+            try:
+                self._stream = sd.InputStream(device=self.device, samplerate=device_rate, channels=1, dtype="int16",
+                                              blocksize=device_rate * self.block_ms // 1000, callback=callback)
+                self._stream.start()
+                return device_rate
+            except sd.PortAudioError as exc:
+                error = exc
+                log.info("input device refused a rate", extra={"rate": device_rate, "error": str(exc)})
+        raise DeviceError(f"cannot open audio input device {self.device!r}: {error}; "
+                          f"fix: choose another audio.input_device (`python -m sounddevice` lists them)")
+
+    def __aiter__(self) -> AsyncIterator[AudioChunk]:
+        return self._blocks()
+
+    async def _blocks(self) -> AsyncIterator[AudioChunk]:
+        self._queue = asyncio.Queue(self._max)
+        device_rate = self._open(asyncio.get_running_loop())
+        converter = soxr.ResampleStream(device_rate, self.rate, 1, dtype="int16") if device_rate != self.rate else None
+        try:
+            while True:
+                item = await self._queue.get()
+                if item is None:
+                    return
+                samples, t = item
+                if converter is not None:
+                    samples = converter.resample_chunk(samples)
+                yield AudioChunk(samples, self.rate, t)
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        """Stop capturing; a running ``async for`` ends after the blocks already queued."""
+        if self._stream is not None:
+            self._stream.stop()
+            self._stream.close()
+            self._stream = None
+            if self._queue is not None:
+                if self._queue.full():
+                    self._queue.get_nowait()  # make room for the end marker
+                self._queue.put_nowait(None)

@@ -1,0 +1,318 @@
+"""The speculative decoding loop: propose k tokens cheaply, verify them in one target pass, keep the exact ones.
+
+Read top to bottom: ``CachedLM`` (one model + its KV cache + the ids the cache holds), the proposers (a draft
+model, an n-gram lookup), ``verify`` (the acceptance rule of Leviathan et al. / Chen et al.), the draft-length
+policy, and ``Generation`` (one reply, advanced one step at a time by its caller).
+
+Caches follow one rule, which makes rollback, cross-turn reuse and barge-in trimming the same operation: before
+a forward pass, a model's cache is cropped to the longest common prefix of the ids it holds and the ids we
+need, and only the rest is fed. A rejected draft token, a trimmed reply, or a re-rendered chat template all
+simply fall outside that prefix.
+
+Synchronous on purpose: the asyncio layer (engine.py) runs each ``Generation.step`` in a worker thread.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Protocol
+
+import torch
+
+from llm.sampling import draw, is_greedy, probabilities, uniform
+
+
+@dataclass
+class SamplingParams:
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probabilities(logits, self.temperature, self.top_k, self.top_p)
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class CachedLM:
+    """A causal LM with its own KV cache, and the token ids that cache holds (so it can be reused and cropped)."""
+
+    def __init__(self, model: torch.nn.Module, out_ids: torch.Tensor | None = None, vocab_size: int | None = None):
+        self.model = model
+        self.cache = None  # a transformers DynamicCache once something was fed
+        self.ids: list[int] = []
+        self.out_ids = out_ids  # reduced head: logit column j is token out_ids[j]
+        self.vocab_size = vocab_size
+        self.fed_tokens = 0  # tokens run through the model (prefill + decode), for stats
+
+    def crop(self, n: int) -> None:
+        n = min(n, len(self.ids))
+        if n == 0:
+            self.cache = None
+        elif n < len(self.ids):
+            self.cache.crop(n)
+        self.ids = self.ids[:n]
+
+    def keep_prefix_of(self, seq: list[int]) -> int:
+        """Crop to the common prefix with seq; return how many tokens of seq the cache still holds."""
+        self.crop(common_prefix(self.ids, seq))
+        return len(self.ids)
+
+    @torch.no_grad()
+    def logits(self, seq: list[int], extra: list[int] = ()) -> torch.Tensor:
+        """Logits [len(extra)+1, V] (float32) for the next token after seq, and after each of seq+extra[:i+1]."""
+        keep = min(common_prefix(self.ids, seq), len(seq) - 1)  # feed at least the last token of seq
+        self.crop(keep)
+        feed = list(seq[keep:]) + list(extra)
+        n_out = len(extra) + 1
+        out = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True,
+                         logits_to_keep=n_out)
+        self.cache = out.past_key_values
+        self.ids = list(seq) + list(extra)
+        self.fed_tokens += len(feed)
+        return out.logits[0, -n_out:].float()
+
+    def full_vocab(self, values: torch.Tensor) -> torch.Tensor:
+        """Spread values over a reduced head back onto the full vocabulary (zeros elsewhere)."""
+        if self.out_ids is None:
+            return values
+        full = torch.zeros(*values.shape[:-1], self.vocab_size, dtype=values.dtype)
+        return full.index_copy_(-1, self.out_ids, values)
+
+
+@dataclass
+class Proposal:
+    tokens: list[int]
+    q: torch.Tensor | None  # [len(tokens), V]: the exact distribution each token was drawn from; None = one-hot
+    seconds: float = 0.0
+
+
+class Proposer(Protocol):
+    def propose(self, seq: list[int], k: int, params: SamplingParams, generator: torch.Generator | None,
+                stop_ids: set[int]) -> Proposal: ...
+
+
+class DraftModelProposer:
+    """k tokens from a small model, each drawn from the draft's processed distribution (q is recorded exactly)."""
+
+    deterministic = False
+
+    def __init__(self, lm: CachedLM):
+        self.lm = lm
+
+    def propose(self, seq, k, params, generator, stop_ids):
+        start = time.perf_counter()
+        tokens: list[int] = []
+        qs: list[torch.Tensor] = []
+        for _ in range(k):
+            logits = self.lm.logits(seq + tokens)[-1]
+            if params.greedy:
+                token = int(self.lm.out_ids[logits.argmax()]) if self.lm.out_ids is not None else int(logits.argmax())
+            else:
+                q = self.lm.full_vocab(params.probs(logits))
+                token = draw(q, generator)
+                qs.append(q)
+            tokens.append(token)
+            if token in stop_ids:
+                break
+        q = torch.stack(qs) if qs else None  # greedy: one-hot, which verify knows without a tensor
+        return Proposal(tokens, q, time.perf_counter() - start)
+
+
+class NgramProposer:
+    """Prompt lookup: find the latest earlier occurrence of the last n tokens (n = max_n..1), propose what followed.
+
+    Deterministic (q is one-hot), free to run, and good at repeating names and phrases from the prompt.
+    """
+
+    deterministic = True
+
+    def __init__(self, max_n: int = 3, min_n: int = 1):
+        self.max_n, self.min_n = max_n, min_n
+
+    def propose(self, seq, k, params, generator, stop_ids):
+        start = time.perf_counter()
+        for n in range(self.max_n, self.min_n - 1, -1):
+            if len(seq) <= n:
+                continue
+            tail = seq[-n:]
+            for i in range(len(seq) - n - 1, -1, -1):
+                if seq[i:i + n] == tail:
+                    follow = seq[i + n:i + n + k]
+                    tokens = []
+                    for t in follow:
+                        tokens.append(t)
+                        if t in stop_ids:
+                            break
+                    return Proposal(tokens, None, time.perf_counter() - start)
+        return Proposal([], None, time.perf_counter() - start)
+
+
+def verify(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, greedy: bool,
+           generator: torch.Generator | None) -> tuple[list[int], int]:
+    """The acceptance rule. p: [len(drafts)+1, V] target distributions; q as in Proposal.
+
+    Returns (tokens to commit, number of drafts accepted). The committed tokens are the accepted drafts and
+    then either the correction at the first rejection, or a bonus token from the last distribution.
+    """
+    out: list[int] = []
+    for i, d in enumerate(drafts):
+        if greedy:
+            ok = d == int(p[i].argmax())
+        else:
+            qd = 1.0 if q is None else float(q[i, d])
+            ok = uniform(generator) < min(1.0, float(p[i, d]) / qd)
+        if ok:
+            out.append(d)
+            continue
+        if greedy:
+            out.append(int(p[i].argmax()))
+        else:
+            drafted = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([d]), 1.0) if q is None else q[i]
+            residual = torch.clamp(p[i] - drafted, min=0.0)
+            total = residual.sum()
+            # total is 0 only if p == q up to rounding, where rejection had probability ~0: fall back to p
+            out.append(draw(residual / total if total > 0 else p[i], generator))
+        return out, i
+    out.append(draw(p[len(drafts)], generator))
+    return out, len(drafts)
+
+
+class DraftLengthPolicy:
+    """How many tokens to draft next: fixed, or chosen from measured costs and live acceptance.
+
+    Adaptive rule: with alpha the per-token acceptance estimate, t_d the time of one draft step and t_v(m) the
+    time of a target pass over m tokens, drafting k gives E(k) = 1 + alpha + ... + alpha^k tokens per target
+    pass at a cost of k * t_d + t_v(k+1). Pick the k in 0..max_k with the highest E(k) / cost(k). alpha is
+    accepted / (accepted + rejections) over a decaying window (the maximum-likelihood estimate for a
+    geometric run length); t_d and t_v(m) are moving averages of measured times (an unmeasured m takes the
+    nearest measured one: the verify-cost curve is flat on a CPU in bf16). Every 16th step tries a neighbour
+    of the best k, so the curve stays measured. Costs are per device, so one policy serves a whole Engine.
+    """
+
+    def __init__(self, fixed: int | None = None, max_k: int = 6, prior_alpha: float = 0.7, prior_c: float = 0.4,
+                 decay: float = 0.95):
+        self.fixed, self.max_k, self.decay = fixed, max_k, decay
+        self.accepted, self.rejected = prior_alpha * 4, (1 - prior_alpha) * 4  # a weak prior: 4 pseudo-tokens
+        self.draft_s: float | None = None
+        self.verify_s: dict[int, float] = {}
+        self.prior_c = prior_c
+        self.steps = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / max(self.accepted + self.rejected, 1e-9)
+
+    def _verify_cost(self, m: int) -> float:
+        if not self.verify_s:
+            return 1.0
+        nearest = min(self.verify_s, key=lambda known: (abs(known - m), known))
+        return self.verify_s[nearest]
+
+    def expected_rate(self, k: int) -> float:
+        a = min(self.alpha, 0.999)
+        tokens = (1 - a ** (k + 1)) / (1 - a)
+        draft_cost = self.draft_s if self.draft_s is not None else self.prior_c * self._verify_cost(1)
+        return tokens / (k * draft_cost + self._verify_cost(k + 1))
+
+    def choose(self, remaining: int) -> int:
+        limit = max(0, min(self.max_k, remaining - 1))
+        if self.fixed is not None:
+            return min(self.fixed, limit)
+        best = max(range(limit + 1), key=self.expected_rate)
+        self.steps += 1
+        if self.steps % 16 == 0 and limit > 0:
+            best = min(limit, best + 1) if (self.steps // 16) % 2 else max(1, best - 1)
+        return best
+
+    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float, fed: int) -> None:
+        if drafted > 0:
+            self.accepted = self.accepted * self.decay + accepted
+            self.rejected = self.rejected * self.decay + (1 if accepted < drafted else 0)
+            per_token = draft_s / drafted
+            self.draft_s = per_token if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_token
+        old = self.verify_s.get(fed)
+        self.verify_s[fed] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
+
+
+@dataclass
+class StepRecord:
+    drafted: int
+    accepted: int
+    committed: list[int]
+    t: float  # time.monotonic() when the step's tokens were verified
+
+
+@dataclass
+class Generation:
+    """One reply: the first step is the target's prefill (first token), each later step is draft + verify.
+
+    ``step()`` returns the tokens committed by that step ([] once finished). Not thread-safe: the caller
+    serialises steps (engine.py holds a lock around them).
+    """
+
+    target: CachedLM
+    proposer: Proposer | None
+    prompt: list[int]
+    params: SamplingParams
+    max_new_tokens: int
+    stop_ids: set[int]
+    policy: DraftLengthPolicy
+    generator: torch.Generator | None = None
+    seq: list[int] = field(init=False)
+    new_tokens: list[int] = field(default_factory=list)
+    done: bool = False
+    records: list[StepRecord] = field(default_factory=list)
+    target_calls: int = 0
+    first_token_t: float | None = None
+
+    def __post_init__(self):
+        self.seq = list(self.prompt)
+        if self.max_new_tokens <= 0:
+            self.done = True
+
+    def step(self) -> list[int]:
+        if self.done:
+            return []
+        remaining = self.max_new_tokens - len(self.new_tokens)
+        if not self.new_tokens:  # first token: the target's prefill alone, the draft catches up later
+            p = self.params.probs(self.target.logits(self.seq))
+            drafts, committed, accepted = [], [draw(p[-1], self.generator)], 0
+        else:
+            k = self.policy.choose(remaining) if self.proposer is not None else 0
+            proposal = self.proposer.propose(self.seq, k, self.params, self.generator, self.stop_ids) \
+                if k > 0 else Proposal([], None)
+            drafts = proposal.tokens[:k]
+            start = time.perf_counter()
+            p = self.params.probs(self.target.logits(self.seq, drafts))
+            committed, accepted = verify(drafts, proposal.q, p, self.params.greedy, self.generator)
+            if self.proposer is not None:
+                self.policy.update(len(drafts), accepted, proposal.seconds, time.perf_counter() - start,
+                                   len(drafts) + 1)
+        self.target_calls += 1
+        committed = committed[:remaining]
+        for i, token in enumerate(committed):
+            if token in self.stop_ids:
+                committed = committed[:i + 1]
+                self.done = True
+                break
+        self.seq.extend(committed)
+        self.new_tokens.extend(committed)
+        if len(self.new_tokens) >= self.max_new_tokens:
+            self.done = True
+        now = time.monotonic()
+        if self.first_token_t is None:
+            self.first_token_t = now
+        self.records.append(StepRecord(len(drafts), min(accepted, len(committed)), committed, now))
+        return committed

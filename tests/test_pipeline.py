@@ -1,0 +1,287 @@
+"""The assistant end to end on the small real models: speech in, speech out, latency marks, multi-turn history,
+barge-in at several moments, false barge-in, echo, failing stages, and no leaks over many turns."""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import threading
+
+import numpy as np
+import pytest
+
+from audio.resample import resample
+from audio.sinks import WavSink
+from voice.assistant import MIC_RATE, Assistant
+from voice.events import (ReplyAudio, SpeechStarted, State, StateChanged, TranscriptFinal, TranscriptPartial,
+                          TurnDone, TurnError)
+from voice.latency import MARKS
+
+BLOCK = MIC_RATE // 50  # 20 ms
+
+
+@pytest.fixture(scope="module")
+def assistant(small_config):
+    config = small_config.model_copy(deep=True)
+    config.llm.max_new_tokens = 40
+    return Assistant.load_sync(config)
+
+
+@pytest.fixture(scope="module")
+def speech(assistant):
+    """Spoken test utterances at 16 kHz, made by piper at test time."""
+    cache: dict[str, np.ndarray] = {}
+
+    def make(text: str) -> np.ndarray:
+        if text not in cache:
+            cache[text] = resample(assistant.tts.synthesize(text), assistant.tts_sample_rate, MIC_RATE)
+        return cache[text]
+
+    return make
+
+
+class Recorder:
+    """Collects a session's events and lets a test wait for one."""
+
+    def __init__(self) -> None:
+        self.events: list = []
+        self._changed = asyncio.Event()
+
+    def __call__(self, event) -> None:
+        self.events.append(event)
+        self._changed.set()
+
+    def of(self, kind) -> list:
+        return [e for e in self.events if isinstance(e, kind)]
+
+    async def wait_for(self, predicate, timeout: float = 120.0):
+        async with asyncio.timeout(timeout):
+            while True:
+                for event in self.events:
+                    if predicate(event):
+                        return event
+                self._changed.clear()
+                await self._changed.wait()
+
+    async def turn_done(self, n: int = 1, timeout: float = 120.0) -> TurnDone:
+        await self.wait_for(lambda e: len(self.of(TurnDone)) + len(self.of(TurnError)) >= n, timeout)
+        return (self.of(TurnDone) + [None])[n - 1] if len(self.of(TurnDone)) >= n else None
+
+
+class Mic:
+    """Feeds audio into a session in 20 ms blocks on a virtual clock, `speed` times faster than real time."""
+
+    def __init__(self, session, speed: float = 4.0) -> None:
+        self.session, self.speed = session, speed
+        self.t = asyncio.get_running_loop().time()
+
+    async def play(self, samples: np.ndarray, reference=None) -> None:
+        for i in range(0, len(samples), BLOCK):
+            block = samples[i:i + BLOCK]
+            if len(block) < BLOCK:
+                block = np.pad(block, (0, BLOCK - len(block)))
+            ref = None if reference is None else reference(self.t, len(block))
+            await self.session.push_audio(block.astype(np.int16), self.t, reference=ref)
+            self.t += BLOCK / MIC_RATE
+            await asyncio.sleep(BLOCK / MIC_RATE / self.speed)
+
+    async def silence(self, seconds: float, reference=None) -> None:
+        await self.play(np.zeros(int(seconds * MIC_RATE), np.int16), reference)
+
+
+def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
+    segments, _ = assistant.stt.model.transcribe(resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768,
+                                                 language="en", beam_size=1)
+    return " ".join(s.text for s in segments).strip()
+
+
+async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=False)
+    session = assistant.session(rec, sink=sink)
+    mic = Mic(session)
+    await mic.play(speech("What is the capital of France?"))
+    await mic.silence(1.0)
+    done = await rec.turn_done()
+    assert done is not None and not done.interrupted
+    assert "capital" in done.transcript.lower() and "france" in done.transcript.lower()
+    assert rec.of(TranscriptPartial), "partial transcripts while speaking"
+    assert done.reply.strip()
+    answer = transcribe(assistant, sink.audio(), assistant.tts_sample_rate)
+    assert len(answer.split()) >= 2, f"the spoken answer transcribes back to words: {answer!r}"
+    marks = done.trace["marks_ms"]
+    for mark in ("speech_start", "speech_end", "endpoint", "stt_final", "llm_first_token", "first_fragment",
+                 "tts_first_audio", "playback_start", "turn_end"):
+        assert mark in marks, mark
+    order = [marks[m] for m in MARKS if m in marks]
+    assert order == sorted(order), marks
+    assert set(done.trace["stages_ms"]) >= {"voice_to_voice", "endpointing", "stt_final", "llm_first_token"}
+    states = [e.state for e in rec.of(StateChanged)]
+    assert states[:4] == [State.LISTENING, State.THINKING, State.SPEAKING, State.IDLE]
+    await session.close()
+    sink.close()
+
+
+async def test_multi_turn_keeps_history(assistant):
+    rec = Recorder()
+    session = assistant.session(rec)
+    first = await session.ask("My name is Ada. Please remember it.", speak=False)
+    second = await session.ask("What is my name?", speak=False)
+    roles = [m["role"] for m in session.history if m["role"] != "system"]
+    assert roles == ["user", "assistant", "user", "assistant"]
+    assert session.history[-1]["content"] == second.reply and first.reply in [m["content"] for m in session.history]
+    assert first.turn_id == 1 and second.turn_id == 2
+    await session.close()
+
+
+async def _reply_in_progress(assistant, speech, rec, sink, until):
+    session = assistant.session(rec, sink=sink)
+    mic = Mic(session)
+    await mic.play(speech("Tell me a long story about a brave little fox."))
+    feeder = asyncio.create_task(mic.silence(30.0))
+    await rec.wait_for(until)
+    feeder.cancel()
+    await asyncio.gather(feeder, return_exceptions=True)
+    return session, mic
+
+
+@pytest.mark.parametrize("moment", ["thinking", "first_fragment", "mid_answer"])
+async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, moment):
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=True)
+    conditions = {
+        "thinking": lambda e: isinstance(e, StateChanged) and e.state == State.THINKING,
+        "first_fragment": lambda e: isinstance(e, ReplyAudio),
+        "mid_answer": lambda e: sink.played_samples > assistant.tts_sample_rate * 1.0,
+    }
+    session, mic = await _reply_in_progress(assistant, speech, rec, sink, conditions[moment])
+    played_before = sink.played_samples
+    await mic.play(speech("Stop, wait a moment please."))
+    await rec.wait_for(lambda e: isinstance(e, TurnDone))
+    done = rec.of(TurnDone)[0]
+    assert done.interrupted
+    assert sink.queued_samples() == 0, "playback was flushed"
+    kept = session.history[-1]
+    assert kept["role"] == "assistant" and kept["content"] == done.reply
+    if moment == "thinking":
+        assert played_before == 0 and done.reply == ""
+    else:
+        assert len(done.reply) < len("".join(e.text for e in rec.events if hasattr(e, "text")
+                                             and type(e).__name__ == "ReplyTextDelta")) + 1
+    assert sum(isinstance(e, SpeechStarted) for e in rec.events) == 2
+    await mic.silence(1.0)  # the interrupting speech becomes the next turn
+    await rec.wait_for(lambda e: isinstance(e, TranscriptFinal) and "stop" in e.text.lower()
+                       or isinstance(e, TranscriptFinal) and "wait" in e.text.lower())
+    await session.close()
+    sink.close()
+
+
+async def test_short_noise_is_not_a_barge_in(assistant, speech):
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=True)
+    session, mic = await _reply_in_progress(assistant, speech, rec, sink, lambda e: isinstance(e, ReplyAudio))
+    blip = speech("Mhm.")
+    voiced = np.flatnonzero(np.abs(blip) > 500)
+    short = blip[voiced[0]:voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
+    await mic.play(short)
+    await mic.silence(0.5)
+    feeder = asyncio.create_task(mic.silence(60.0))
+    done = await rec.turn_done()
+    feeder.cancel()
+    assert done is not None and not done.interrupted
+    assert len(rec.of(SpeechStarted)) == 1
+    await session.close()
+    sink.close()
+
+
+async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
+    """A simulated room: what the assistant plays comes back into the microphone 60 ms later at 0.5 gain."""
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=True)
+    played = np.zeros(0, np.int16)  # the reply audio at 16 kHz, in playback order
+
+    def on_event(event):
+        nonlocal played
+        if isinstance(event, ReplyAudio):
+            played = np.concatenate([played, resample(event.samples, event.sample_rate, MIC_RATE)])
+        rec(event)
+
+    session = assistant.session(on_event, sink=sink)
+    mic = Mic(session, speed=1.0)
+    await mic.play(speech("Tell me about the ocean."))
+    start = None
+
+    def reference(t, n):  # what the speaker played in this block, and the echo of it
+        nonlocal start
+        if sink.first_audible_t is None:
+            return np.zeros(n, np.int16)
+        start = start if start is not None else t
+        i = int((t - start) * MIC_RATE)
+        return np.pad(played[i:i + n], (0, max(0, n - len(played[i:i + n]))))
+
+    async def room():
+        delay = int(0.06 * MIC_RATE)
+        history = np.zeros(delay, np.int16)
+        while True:
+            ref = reference(mic.t, BLOCK)
+            history = np.concatenate([history, ref])
+            echo = (history[:BLOCK] * 0.5).astype(np.int16)
+            history = history[BLOCK:]
+            await session.push_audio(echo, mic.t, reference=ref)
+            mic.t += BLOCK / MIC_RATE
+            await asyncio.sleep(BLOCK / MIC_RATE)
+
+    task = asyncio.create_task(room())
+    done = await rec.turn_done(timeout=180)
+    task.cancel()
+    await asyncio.gather(task, return_exceptions=True)
+    assert done is not None and not done.interrupted
+    assert len(rec.of(SpeechStarted)) == 1, "only the user's question started speech"
+    await session.close()
+    sink.close()
+
+
+class FakeBrokenTTS:
+    """Stands in for piper and fails on the first fragment (the TTS is not under test; the state machine is)."""
+
+    sample_rate = 22050
+
+    async def stream(self, fragment):
+        raise RuntimeError("synthesizer crashed")
+        yield  # pragma: no cover
+
+
+async def test_failing_stages_end_the_turn_and_the_next_turn_works(assistant, monkeypatch):
+    rec = Recorder()
+    session = assistant.session(rec)
+    real_tts = assistant.tts
+    assistant.tts = FakeBrokenTTS()
+    try:
+        await session.ask("Hello there.")
+    finally:
+        assistant.tts = real_tts
+    error = rec.of(TurnError)[0]
+    assert error.stage == "tts" and "synthesizer crashed" in error.message
+    assert session.state == State.IDLE
+
+    async def broken_reply(text, settings=None):
+        raise RuntimeError("model exploded")
+        yield  # pragma: no cover
+
+    monkeypatch.setattr(session.conversation, "reply", broken_reply)
+    await session.ask("Hello again.")
+    assert rec.of(TurnError)[1].stage == "llm" and session.state == State.IDLE
+    monkeypatch.undo()
+    done = await session.ask("Say hi.")
+    assert not done.interrupted and done.reply and session.state == State.IDLE
+    await session.close()
+
+
+async def test_fifty_turns_leak_no_task_or_thread(assistant):
+    session = assistant.session(None, sink=WavSink(None, assistant.tts_sample_rate, realtime=False))
+    session.decode.max_new_tokens = 6
+    await session.ask("Say one word.")  # warm up thread pools
+    tasks_before = len(asyncio.all_tasks())
+    threads_before = threading.active_count()
+    for i in range(50):
+        await session.ask(f"Say the number {i}.")
+    gc.collect()
+    assert len(asyncio.all_tasks()) == tasks_before
+    assert threading.active_count() <= threads_before
+    await session.close()

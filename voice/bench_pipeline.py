@@ -1,0 +1,85 @@
+"""`specvoice bench pipeline`: voice-to-voice latency, stage by stage, with speculative decoding and with the
+target alone, interleaved in one run (so machine noise hits both alike). Questions are spoken by piper and
+played into the pipeline in real time; answers play into a sink paced like a sound card. Table + JSON."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import time
+from pathlib import Path
+
+from tqdm import tqdm
+
+from audio.sinks import WavSink
+from voice.assistant import Assistant, decode_settings
+from voice.demo import run_turn, synthesize_question
+from voice.events import Event, TurnDone, TurnError
+from voice.latency import percentiles
+
+QUESTIONS = (
+    "What is the capital of France?",
+    "How far away is the moon?",
+    "Give me a quick tip for sleeping better.",
+    "What should I cook for dinner tonight?",
+    "Why is the sky blue?",
+    "Tell me a fun fact about octopuses.",
+)
+STAGES = ("endpointing", "stt_final", "llm_first_token", "first_fragment", "tts_first_audio", "playback_start",
+          "voice_to_voice", "reply_total")
+
+
+async def bench(config, argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="specvoice bench pipeline")
+    p.add_argument("--questions", type=int, default=len(QUESTIONS))
+    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--json", default="bench-results/pipeline.json")
+    args = p.parse_args(argv)
+    assistant = await Assistant.load(config)
+    modes = {"speculative": decode_settings(config), "target alone": decode_settings(config, mode="target")}
+    import tempfile
+
+    rows: dict[str, list[dict]] = {m: [] for m in modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        wavs = [synthesize_question(assistant, q, Path(tmp) / f"q{i}.wav")
+                for i, q in enumerate(QUESTIONS[:args.questions])]
+        plan = [(r, w, m) for r in range(args.rounds) for w in wavs for m in modes]
+        for _, wav, mode in tqdm(plan, desc="turns", unit="turn", disable=None):
+            finished: asyncio.Queue[Event | None] = asyncio.Queue()
+            sink = WavSink(None, assistant.tts_sample_rate, realtime=True)
+            session = assistant.session(
+                lambda e: finished.put_nowait(e) if isinstance(e, (TurnDone, TurnError)) else None, sink=sink)
+            session.decode = modes[mode]
+            done = await run_turn(session, wav, finished)
+            await session.close()
+            sink.close()
+            if done is not None:
+                decoder = done.trace.get("decoder") or {}
+                rows[mode].append({"stages_ms": done.trace["stages_ms"], "reply": done.reply,
+                                   "tokens_per_s": decoder.get("tokens_per_s"), "ttft_s": decoder.get("ttft_s")})
+    summary = {mode: {s: percentiles([r["stages_ms"][s] for r in rs if s in r["stages_ms"]]) for s in STAGES}
+               for mode, rs in rows.items()}
+    print(f"\nvoice pipeline, {config.models.target} (+{config.models.draft or config.llm.mode}), "
+          f"{len(rows['speculative'])} turns per mode; ms")
+    print(f"{'stage':18s}" + "".join(f"{m + ' p50':>20s}{'p95':>8s}" for m in modes))
+    for stage in STAGES:
+        cells = "".join(f"{summary[m][stage].get('p50', float('nan')):20.0f}{summary[m][stage].get('p95', float('nan')):8.0f}"
+                        for m in modes)
+        print(f"{stage:18s}{cells}")
+    spec, base = summary["speculative"], summary["target alone"]
+    for stage in ("voice_to_voice", "reply_total"):
+        if spec[stage].get("p50") and base[stage].get("p50"):
+            print(f"{stage}: speculative / target alone = {spec[stage]['p50'] / base[stage]['p50']:.2f}")
+    Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.json).write_text(json.dumps({
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.processor() or platform.machine(),
+        "config": {"target": config.models.target, "draft": config.models.draft, "llm": config.llm.model_dump()},
+        "summary": summary, "turns": rows}, indent=1))
+    print(f"wrote {args.json}")
+    return 0
+
+
+def main(config, args, extra) -> int:
+    return asyncio.run(bench(config, extra))

@@ -1,0 +1,215 @@
+"""Streaming speech-to-text with faster-whisper.
+
+Whisper is not a streaming model, so partial transcripts come from re-decoding the growing utterance buffer
+(in a worker thread) and committing only the words that two consecutive passes agree on (LocalAgreement-2,
+as in ufal/whisper_streaming): committed words never change, so a partial is a prefix of the final. Long
+utterances are trimmed at committed sentence ends so each pass stays short. At end of speech ``final``
+re-decodes only the audio after the trim point, and not at all when the last pass already saw every sample.
+Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import re
+import threading
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from voice.config import STTConfig
+from voice.models import ModelError, Resolved, hub_error
+
+log = logging.getLogger("specvoice.stt")
+
+RATE = 16000
+# What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
+# also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
+HALLUCINATIONS = {
+    "thank you", "thanks for watching", "thank you for watching", "thank you so much for watching",
+    "please subscribe", "like and subscribe", "you", "bye", "bye bye", "so", "okay",
+    "subtitles by the amara org community", "thank you very much", "the end",
+}
+_QUIET_RMS = 0.003  # about -50 dBFS
+_SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
+_TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is this long
+_MAX_BUFFER_S = 25.0  # Whisper sees 30 s windows: trim at any committed word beyond this
+_MIN_NEW_S = 0.2  # a partial pass needs at least this much new audio
+
+
+@dataclass(frozen=True)
+class Word:
+    text: str  # as Whisper writes it, usually with a leading space
+    start: float  # seconds from the start of the current buffer
+    end: float
+
+    @property
+    def key(self) -> str:
+        return re.sub(r"[^\w']", "", self.text.lower())
+
+
+def _norm(text: str) -> str:
+    return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())
+
+
+def _join(words: list[Word]) -> str:
+    return "".join(w.text for w in words).strip()
+
+
+class SpeechToText:
+    """One loaded Whisper model (loaded once, shared by every utterance; decodes are serialized)."""
+
+    def __init__(self, resolved: Resolved, settings: STTConfig) -> None:
+        from faster_whisper import WhisperModel
+
+        self.settings = settings
+        try:
+            self.model = WhisperModel(str(resolved.path or resolved.hub_id), device=settings.device,
+                                      compute_type=settings.compute_type, cpu_threads=settings.threads)
+        except Exception as exc:  # faster-whisper raises a mix of OSError/RuntimeError/hub errors
+            if resolved.hub_id is not None:
+                raise hub_error(resolved, exc) from None
+            raise ModelError(f"cannot load Whisper model {resolved.location} ({exc}); fix: check stt.device and "
+                             f"stt.compute_type, or run `specvoice models verify`") from None
+        self.language = settings.language
+        if not self.model.model.is_multilingual and self.language not in (None, "en"):
+            raise ModelError(f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
+                             f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)")
+        self._lock = threading.Lock()
+        self.passes = 0  # decoder passes run, for benchmarks and tests
+        self.decoded_s = 0.0  # audio seconds decoded
+
+    def stream(self) -> StreamingTranscription:
+        return StreamingTranscription(self)
+
+    def decode(self, audio: np.ndarray, prompt: str | None = None) -> list[Word]:
+        """One Whisper pass over float32 16 kHz ``audio`` (blocking: call it from a worker thread)."""
+        if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
+            return []
+        with self._lock:
+            segments, _ = self.model.transcribe(
+                audio, language=self.language, beam_size=self.settings.beam_size, temperature=0.0,
+                word_timestamps=True, condition_on_previous_text=False, initial_prompt=prompt or None,
+                vad_filter=False)
+            words: list[Word] = []
+            for seg in segments:
+                if self._hallucinated(seg, audio):
+                    log.debug("dropped hallucination", extra={"text": seg.text, "no_speech": seg.no_speech_prob})
+                    continue
+                words += [Word(w.word, w.start, w.end) for w in seg.words or []]
+            self.passes += 1
+            self.decoded_s += len(audio) / RATE
+        return words
+
+    @staticmethod
+    def _hallucinated(seg, audio: np.ndarray) -> bool:
+        if _norm(seg.text) not in HALLUCINATIONS:
+            return False
+        span = audio[int(seg.start * RATE):max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
+        rms = float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
+        return seg.no_speech_prob >= 0.3 or rms < _QUIET_RMS
+
+    async def transcribe(self, samples: np.ndarray) -> str:
+        """Whole-utterance transcription (int16 16 kHz), one pass in a worker thread."""
+        words = await asyncio.to_thread(self.decode, samples.astype(np.float32) / 32768.0)
+        return _join(words)
+
+
+class StreamingTranscription:
+    """One utterance: ``add`` audio as it arrives, ask for ``partial`` now and then, ``final`` at the end.
+
+    ``committed`` is the agreed text (it only grows); ``tentative`` is the rest of the latest pass.
+    """
+
+    def __init__(self, stt: SpeechToText) -> None:
+        self.stt = stt
+        self._audio = np.zeros(0, dtype=np.float32)  # since the last trim
+        self._done: list[str] = []  # text of trimmed (finished) sentences
+        self._committed: list[Word] = []  # agreed words inside the current buffer
+        self._previous: list[Word] | None = None  # last pass's words after the committed ones
+        self._decoded_len = -1  # buffer length the last pass saw
+        self.passes = 0
+
+    def add(self, samples: np.ndarray) -> None:
+        if samples.dtype != np.int16:
+            raise ValueError(f"add() takes 16 kHz int16 samples (got {samples.dtype})")
+        self._audio = np.concatenate([self._audio, samples.astype(np.float32) / 32768.0])
+
+    @property
+    def duration(self) -> float:
+        return len(self._audio) / RATE
+
+    @property
+    def committed(self) -> str:
+        return " ".join([*self._done, _join(self._committed)]).strip()
+
+    @property
+    def tentative(self) -> str:
+        return _join(self._previous or [])
+
+    @property
+    def text(self) -> str:
+        return " ".join(p for p in (self.committed, self.tentative) if p)
+
+    def _prompt(self) -> str | None:
+        return " ".join(self._done)[-200:] or None
+
+    async def _pass(self) -> list[Word]:
+        audio, prompt = self._audio, self._prompt()
+        words = await asyncio.to_thread(self.stt.decode, audio, prompt)
+        self._decoded_len = len(audio)
+        self.passes += 1
+        return words
+
+    def _after_committed(self, words: list[Word]) -> list[Word]:
+        """The part of a new pass that follows the committed words (by text when it agrees, else by time)."""
+        n = len(self._committed)
+        if n == 0:
+            return words
+        if [w.key for w in words[:n]] == [w.key for w in self._committed]:
+            return words[n:]
+        edge = self._committed[-1].end - 0.05
+        return [w for w in words if w.start >= edge]
+
+    async def partial(self) -> str | None:
+        """Re-decode the buffer and return committed + tentative text; None when there is no new audio."""
+        if len(self._audio) - max(self._decoded_len, 0) < _MIN_NEW_S * RATE:
+            return None
+        new = self._after_committed(await self._pass())
+        if self._previous is not None:
+            agree = 0
+            while agree < min(len(new), len(self._previous)) and new[agree].key == self._previous[agree].key:
+                agree += 1
+            self._committed += new[:agree]
+            new = new[agree:]
+        self._previous = new
+        self._trim()
+        return self.text
+
+    def _trim(self) -> None:
+        """Cut the buffer after a committed sentence end so later passes decode less."""
+        seconds = len(self._audio) / RATE
+        if seconds < _TRIM_AFTER_S or not self._committed:
+            return
+        ends = [i for i, w in enumerate(self._committed) if w.text.rstrip().endswith((".", "?", "!"))]
+        if ends:
+            cut = ends[-1]
+        elif seconds >= _MAX_BUFFER_S:
+            cut = len(self._committed) - 1
+        else:
+            return
+        cut_s = self._committed[cut].end
+        self._done.append(_join(self._committed[: cut + 1]))
+        shift = lambda ws: [replace(w, start=w.start - cut_s, end=w.end - cut_s) for w in ws]  # noqa: E731
+        self._committed = shift(self._committed[cut + 1:])
+        self._previous = shift(self._previous or [])
+        self._audio = self._audio[int(cut_s * RATE):]
+        self._decoded_len = -1
+        log.debug("trimmed stt buffer", extra={"at_s": cut_s})
+
+    async def final(self) -> str:
+        """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new)."""
+        if self._decoded_len != len(self._audio):
+            self._previous = self._after_committed(await self._pass())
+        return " ".join(p for p in (*self._done, _join(self._committed), _join(self._previous or [])) if p)
