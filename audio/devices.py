@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import sounddevice as sd
-
 
 class DeviceError(RuntimeError):
     """An audio device that cannot be found or opened; the message lists the choices."""
@@ -25,6 +23,8 @@ class Device:
 
 
 def list_devices() -> list[Device]:
+    import sounddevice as sd  # imported late: PortAudio is only needed where real devices are used
+
     return [Device(i, d["name"], d["max_input_channels"], d["max_output_channels"], d["default_samplerate"])
             for i, d in enumerate(sd.query_devices())]
 

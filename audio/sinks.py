@@ -16,7 +16,6 @@ from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import numpy as np
-import sounddevice as sd
 
 from audio.devices import DeviceError, find_device
 from audio.wavfile import write_wav
@@ -50,7 +49,7 @@ class _BufferedSink:
         self._max_queued = int(max_buffer_s * sample_rate)
         self._reference: collections.deque[tuple[float, np.ndarray]] = collections.deque(
             maxlen=max(1, int(reference_s / self.block_s)))
-        self._last_play_end = 0.0
+        self.last_play_end = 0.0
         self.last_filled = 0  # how many samples of the last pulled block were real audio (the rest is padding)  # monotonic time the last non-silent sample handed over finishes playing
 
     @property
@@ -103,7 +102,7 @@ class _BufferedSink:
                 if self.first_audible_t is None:
                     self.first_audible_t = play_t
                 self.played_samples += filled
-                self._last_play_end = play_t + filled / self.sample_rate
+                self.last_play_end = play_t + filled / self.sample_rate
             self._reference.append((play_t, out))
         return out
 
@@ -168,7 +167,7 @@ class WavSink(_BufferedSink):
     async def drain(self) -> None:
         while self._pump is not None and not self._pump.done():
             await asyncio.sleep(self.block_s / 2)
-        await asyncio.sleep(max(0.0, self._last_play_end - time.monotonic()))
+        await asyncio.sleep(max(0.0, self.last_play_end - time.monotonic()))
 
     @property
     def audio(self) -> np.ndarray:
@@ -185,12 +184,16 @@ class WavSink(_BufferedSink):
 class SpeakerSink(_BufferedSink):
     """The speaker through a sounddevice OutputStream whose callback pulls one block from the queue.
 
+    ``latency`` (sounddevice's: "low", "high" or seconds) is the device's own buffering on top of one block:
+    "low" makes barge-in quickest; raise it when a busy machine makes playback crackle (``underflows``).
     If the device refuses ``sample_rate`` it is opened at its default rate, and ``self.sample_rate`` says so:
     callers resample to ``sink.sample_rate`` (audio.resample) before writing.
     """
 
     def __init__(self, device: str | int | None = None, sample_rate: int = 22050, block_ms: int = 20,
-                 max_buffer_s: float = 2.0, reference_s: float = 30.0) -> None:
+                 max_buffer_s: float = 2.0, reference_s: float = 30.0, latency: float | str = "low") -> None:
+        import sounddevice as sd  # imported late: WavSink needs no PortAudio
+
         self.device = find_device(device, "output")
         self.underflows = 0
         default_rate = int(sd.query_devices(self.device, "output")["default_samplerate"])
@@ -199,7 +202,8 @@ class SpeakerSink(_BufferedSink):
             super().__init__(rate, block_ms, max_buffer_s, reference_s)
             try:
                 self._stream = sd.OutputStream(device=self.device, samplerate=rate, channels=1, dtype="int16",
-                                               blocksize=self.block, callback=self._callback)
+                                               blocksize=self.block, callback=self._callback,
+                                               latency=latency)
                 break
             except sd.PortAudioError as exc:
                 error = exc
@@ -207,6 +211,7 @@ class SpeakerSink(_BufferedSink):
             raise DeviceError(f"cannot open audio output device {self.device!r}: {error}; "
                               f"fix: choose another audio.output_device (`python -m sounddevice` lists them)")
         self.latency = float(self._stream.latency)
+        self.device_lead = self.latency
         self._stream.start()
 
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread: never blocks for long
@@ -215,12 +220,15 @@ class SpeakerSink(_BufferedSink):
         now = time.monotonic()
         dac = time_info.outputBufferDacTime
         ahead = dac - time_info.currentTime if dac > 0 and time_info.currentTime > 0 else self.latency
-        outdata[:, 0] = self._pull(frames, now + max(0.0, ahead))
+        if not 0 <= ahead <= 1.0:  # PulseAudio sometimes reports nonsense; the nominal latency is close
+            ahead = self.latency
+        self.device_lead = ahead  # how far ahead of "now" the block being filled will sound
+        outdata[:, 0] = self._pull(frames, now + ahead)
 
     async def drain(self) -> None:
         while self._queued > 0:
             await asyncio.sleep(self.block_s / 2)
-        await asyncio.sleep(max(0.0, self._last_play_end - time.monotonic()))
+        await asyncio.sleep(max(0.0, self.last_play_end - time.monotonic()))
 
     def close(self) -> None:
         self._stream.stop()

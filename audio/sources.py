@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
-import sounddevice as sd
 import soxr
 
 from audio.devices import DeviceError, find_device
@@ -63,6 +62,37 @@ class WavSource:
             yield AudioChunk(block, self.rate, t)
 
 
+class _BlockClock:
+    """Timestamps for capture blocks on time.monotonic(), steady despite callback jitter.
+
+    Each callback estimates its block's first-sample time as ``now - age`` (age: PortAudio's current time
+    minus the block's ADC time). On PulseAudio that age is right to a few ms most of the time but sometimes
+    absurd (0.7 s at start-up), and callbacks come in bursts. So an age beyond ``max_age`` is replaced by the
+    block length, and the clock follows the estimates loosely: the next block starts where the last one ended,
+    nudged 5% towards the new estimate, and jumps to the estimate only when the two differ by more than two
+    blocks (an overflow, a restart).
+    """
+
+    def __init__(self, max_age: float) -> None:
+        self.max_age = max_age
+        self.restart()
+
+    def restart(self) -> None:
+        self.next_t: float | None = None
+
+    def stamp(self, now: float, age: float | None, frames: int, rate: int) -> float:
+        duration = frames / rate
+        if age is None or not 0 <= age <= self.max_age:
+            age = duration
+        estimate = now - age
+        if self.next_t is None or abs(estimate - self.next_t) > 2 * duration:
+            t = estimate
+        else:
+            t = self.next_t + 0.05 * (estimate - self.next_t)
+        self.next_t = t + duration
+        return t
+
+
 class MicSource:
     """The microphone through sounddevice. The PortAudio callback never blocks: it copies the block and hands
     it to the event loop with ``call_soon_threadsafe``; a full queue drops the block and counts it in
@@ -72,17 +102,20 @@ class MicSource:
     """
 
     def __init__(self, device: str | int | None = None, *, block_ms: int = 20, rate: int = 16000,
-                 max_queued_blocks: int = 100) -> None:
+                 max_queued_blocks: int = 100, latency: float | str = "low") -> None:
         self.device = find_device(device, "input")
         self.rate = rate
         self.block_ms = block_ms
         self.dropped = 0
         self.overflows = 0  # PortAudio input overflows (the OS dropped audio before we saw it)
         self._max = max_queued_blocks
+        self.latency = latency  # sounddevice's: "low", "high" or seconds of device buffering
         self._queue: asyncio.Queue[tuple[np.ndarray, float] | None] | None = None
-        self._stream: sd.InputStream | None = None
+        self._stream = None  # sounddevice.InputStream while capturing
 
     def _open(self, loop: asyncio.AbstractEventLoop) -> int:
+        import sounddevice as sd  # imported late: file sources need no PortAudio
+
         queue = self._queue
         assert queue is not None
 
@@ -92,21 +125,25 @@ class MicSource:
             else:
                 queue.put_nowait(item)
 
+        clock = _BlockClock(max_age=0.25)
+
         def callback(indata, frames, time_info, status) -> None:  # PortAudio thread: copy, stamp, hand over
             now = time.monotonic()
             if status.input_overflow:
                 self.overflows += 1
-            adc = time_info.inputBufferAdcTime
+                clock.restart()
+            adc, current = time_info.inputBufferAdcTime, time_info.currentTime
             # PortAudio's stream clock is not monotonic(): map it through the callback's "now"
-            age = time_info.currentTime - adc if adc > 0 and time_info.currentTime > 0 else frames / device_rate
-            loop.call_soon_threadsafe(put, (indata[:, 0].copy(), now - age))
+            t = clock.stamp(now, current - adc if adc > 0 and current > 0 else None, frames, device_rate)
+            loop.call_soon_threadsafe(put, (indata[:, 0].copy(), t))
 
         default_rate = int(sd.query_devices(self.device, "input")["default_samplerate"])
         error: Exception | None = None
         for device_rate in dict.fromkeys((self.rate, default_rate)):
             try:
                 self._stream = sd.InputStream(device=self.device, samplerate=device_rate, channels=1, dtype="int16",
-                                              blocksize=device_rate * self.block_ms // 1000, callback=callback)
+                                              blocksize=device_rate * self.block_ms // 1000, callback=callback,
+                                              latency=self.latency)
                 self._stream.start()
                 return device_rate
             except sd.PortAudioError as exc:

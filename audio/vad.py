@@ -115,6 +115,12 @@ class Vad:
         self._silent_since: float | None = None  # candidate end while speaking
         self.last_score = 0.0
 
+    @property
+    def pause_since(self) -> float | None:
+        """While speaking: the start of the current silence (a possible end of turn), else None. Lets the
+        STT decode speculatively during the endpointing wait."""
+        return self._silent_since if self.speaking else None
+
     def process(self, chunk: AudioChunk) -> list[VadEvent]:
         if chunk.sample_rate != self.rate:
             raise ValueError(f"VAD expects {self.rate} Hz audio (got {chunk.sample_rate}); fix: resample first")

@@ -23,7 +23,8 @@ from typing import Literal
 
 import torch
 
-from llm.models import check_compatible, frequent_token_ids, load_causal_lm, quantize_int8, reduce_vocab_head
+from llm.models import (check_compatible, frequent_token_ids, load_causal_lm, load_tokenizer, quantize_int8,
+                        reduce_vocab_head)
 from llm.speculative import (CachedLM, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer,
                              SamplingParams)
 
@@ -144,20 +145,22 @@ class Engine:
         self.stop_ids = _stop_ids(tokenizer, target_model)
         self.lock = threading.Lock()  # held around every use of the models and of a conversation's caches
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-llm")
-        self.policy = DraftLengthPolicy(max_k=self.settings.max_draft_length)
+        # adaptive draft length: one policy per proposer kind, as their costs and acceptance differ
+        self.policies = {m: DraftLengthPolicy(max_k=self.settings.max_draft_length) for m in ("draft", "ngram")}
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, *, device: str = "cpu", dtype: str = "bfloat16",
              mode: Mode = "draft", draft_quantize: Literal["none", "int8"] = "none", draft_vocab: int | None = None,
              threads: int | None = None, context_limit: int = 4096, settings: DecodeSettings | None = None) -> Engine:
         """Load the pair; refuse a draft whose tokenizer differs from the target's (IncompatibleDraftError)."""
-        target_model, tokenizer = load_causal_lm(target, device=device, dtype=dtype, threads=threads)
-        draft_model, out_ids = None, None
         if mode == "draft":
             if not draft:
                 raise ValueError("mode 'draft' needs a draft model; fix: set models.draft, or llm.mode = 'ngram'")
-            draft_model, draft_tokenizer = load_causal_lm(draft, device=device, dtype=dtype, threads=threads)
-            check_compatible(tokenizer, draft_tokenizer)
+            check_compatible(load_tokenizer(target), load_tokenizer(draft))  # before loading any weights
+        target_model, tokenizer = load_causal_lm(target, device=device, dtype=dtype, threads=threads)
+        draft_model, out_ids = None, None
+        if mode == "draft":
+            draft_model, _ = load_causal_lm(draft, device=device, dtype=dtype, threads=threads)
             if draft_vocab:
                 out_ids = frequent_token_ids(tokenizer, draft_vocab)
                 reduce_vocab_head(draft_model, out_ids)
@@ -190,9 +193,14 @@ class Engine:
                              "fix: use mode 'ngram' or 'target', or load the engine with a draft")
         proposer = {"draft": lambda: DraftModelProposer(draft), "ngram": lambda: NgramProposer(settings.ngram_max),
                     "target": lambda: None}[mode]()
-        if settings.draft_length == "adaptive":
-            policy = self.policy
+        if settings.draft_length == "adaptive" and mode != "target" and settings.seed is None:
+            policy = self.policies[mode]
             policy.max_k = settings.max_draft_length
+        elif settings.draft_length == "adaptive":
+            # a seeded run must be reproducible, and the adaptive length reads the clock (which changes how many
+            # random numbers a step uses): use the length the policy's prior picks, which is fixed
+            k = DraftLengthPolicy(max_k=settings.max_draft_length).choose(settings.max_draft_length + 1)
+            policy = DraftLengthPolicy(fixed=k, max_k=k)
         else:
             policy = DraftLengthPolicy(fixed=settings.draft_length, max_k=settings.draft_length)
         generator = None
@@ -295,7 +303,7 @@ class Conversation:
         self._busy = True
         self.messages.append({"role": "user", "content": user_text})
         text = ""
-        finished = False
+        failed = False
         try:
             prompt = self._fit_history()
             limit = self.engine.check_prompt(prompt, settings)
@@ -317,18 +325,18 @@ class Conversation:
                     piece, text = full[len(text):], full
                     yield Emission(piece, pending, t)
                     pending = []
-            finished = True
             self.last_stats = DecodeStats.from_generation(gen, settings.mode, start, len(prompt) - reused)
             log.info(self.last_stats.log_line(), extra={"llm_stats": self.last_stats.to_dict()})
-        except BaseException as exc:
-            if not isinstance(exc, (asyncio.CancelledError, GeneratorExit)) and not text:
-                self.messages.pop()  # a failure before any reply: the turn did not happen
-                raise
+        except Exception:
+            # a failure (bad prompt, model error): the turn did not happen unless part of it was streamed
+            failed = not text
+            if failed:
+                self.messages.pop()
             raise
         finally:
-            if finished or text or self.messages[-1]["role"] == "user":
-                if self.messages and self.messages[-1]["role"] == "user":
-                    self.messages.append({"role": "assistant", "content": text})
+            # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed
+            if not failed:
+                self.messages.append({"role": "assistant", "content": text})
             self._busy = False
 
     def _start(self, prompt: list[int], settings: DecodeSettings) -> tuple[Generation, int]:
@@ -354,7 +362,7 @@ class Conversation:
         self.messages[-1]["content"] = kept
         if self.engine.lock.acquire(blocking=False):
             try:
-                keep = self.prompt_ids(self.messages)[:-0 or None]
+                keep = self.prompt_ids()
                 self._target.keep_prefix_of(keep)
                 if self._draft is not None:
                     self._draft.keep_prefix_of(keep)

@@ -31,31 +31,47 @@ class IncompatibleDraftError(ValueError):
     """The draft does not share the target's tokenizer."""
 
 
+def _source(location: str) -> tuple[str, str]:
+    """(what from_pretrained gets, how to name it in an error)."""
+    if location.startswith("hub:"):
+        return location[4:], f"hub id {location[4:]!r}"
+    if not Path(location).is_dir():
+        raise ModelLoadError(f"model folder {location} does not exist; fix: run `specvoice models prepare` "
+                             "or point the config at a transformers model folder")
+    return location, f"folder {location}"
+
+
+def _load_error(where: str, exc: Exception) -> ModelLoadError:
+    offline = os.environ.get("HF_HUB_OFFLINE") == "1"
+    hint = ("this machine is offline (HF_HUB_OFFLINE=1); use a local folder or a registered model name"
+            if offline else "check the id, your network, and that the folder holds config.json and weights")
+    return ModelLoadError(f"cannot load the LLM from {where}: {exc.__class__.__name__}: {exc}; fix: {hint}")
+
+
+def load_tokenizer(location: str):
+    from transformers import AutoTokenizer
+
+    source, where = _source(location)
+    try:
+        return AutoTokenizer.from_pretrained(source)
+    except (OSError, ValueError) as exc:  # missing files, unknown or malformed hub ids
+        raise _load_error(where, exc) from exc
+
+
 def load_causal_lm(location: str, *, device: str = "cpu", dtype: str = "bfloat16", threads: int | None = None):
     """Load (model, tokenizer) from a local folder or "hub:<id>", in eval mode, weights in RAM."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not one of {sorted(DTYPES)}; fix: pick one of those")
     if threads:
         torch.set_num_threads(threads)
-    if location.startswith("hub:"):
-        source = location[4:]
-        where = f"hub id {source!r}"
-    else:
-        source = location
-        where = f"folder {location}"
-        if not Path(location).is_dir():
-            raise ModelLoadError(f"model folder {location} does not exist; fix: run `specvoice models prepare` "
-                                 "or point the config at a transformers model folder")
+    source, where = _source(location)
+    tokenizer = load_tokenizer(location)
     try:
-        tokenizer = AutoTokenizer.from_pretrained(source)
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
-    except OSError as exc:
-        offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-        hint = ("this machine is offline (HF_HUB_OFFLINE=1); use a local folder or a registered model name"
-                if offline else "check the id, your network, and that the folder holds config.json and weights")
-        raise ModelLoadError(f"cannot load the LLM from {where}: {exc.__class__.__name__}: {exc}; fix: {hint}") from exc
+    except (OSError, ValueError) as exc:  # missing files, unknown or malformed hub ids
+        raise _load_error(where, exc) from exc
     model.to(device)
     model.eval()
     if device == "cpu":

@@ -61,7 +61,7 @@ class CachedLM:
         if n == 0:
             self.cache = None
         elif n < len(self.ids):
-            self.cache.crop(n)
+            self.cache.crop(n - len(self.ids))  # a negative count: how many tokens to remove
         self.ids = self.ids[:n]
 
     def keep_prefix_of(self, seq: list[int]) -> int:
@@ -76,9 +76,13 @@ class CachedLM:
         self.crop(keep)
         feed = list(seq[keep:]) + list(extra)
         n_out = len(extra) + 1
-        out = self.model(input_ids=torch.tensor([feed]), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=n_out)
-        self.cache = out.past_key_values
+        try:
+            out = self.model(input_ids=torch.tensor([feed]), cache=self.cache, use_cache=True, logits_to_keep=n_out)
+        except BaseException:
+            # a pass that failed half-way may have grown some layers of the cache: forget it all
+            self.cache, self.ids = None, []
+            raise
+        self.cache = out.cache
         self.ids = list(seq) + list(extra)
         self.fed_tokens += len(feed)
         return out.logits[0, -n_out:].float()
@@ -95,7 +99,8 @@ class CachedLM:
 class Proposal:
     tokens: list[int]
     q: torch.Tensor | None  # [len(tokens), V]: the exact distribution each token was drawn from; None = one-hot
-    seconds: float = 0.0
+    seconds: float = 0.0  # time of the draft steps below (a catch-up prefill is not a draft step: left out)
+    timed_steps: int = 0
 
 
 class Proposer(Protocol):
@@ -112,11 +117,15 @@ class DraftModelProposer:
         self.lm = lm
 
     def propose(self, seq, k, params, generator, stop_ids):
-        start = time.perf_counter()
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
+        seconds, timed = 0.0, 0
         for _ in range(k):
+            start, fed = time.perf_counter(), self.lm.fed_tokens
             logits = self.lm.logits(seq + tokens)[-1]
+            if self.lm.fed_tokens - fed <= 2:  # a draft step (one token, or two after a fully accepted step)
+                seconds += time.perf_counter() - start
+                timed += 1
             if params.greedy:
                 token = int(self.lm.out_ids[logits.argmax()]) if self.lm.out_ids is not None else int(logits.argmax())
             else:
@@ -127,7 +136,7 @@ class DraftModelProposer:
             if token in stop_ids:
                 break
         q = torch.stack(qs) if qs else None  # greedy: one-hot, which verify knows without a tensor
-        return Proposal(tokens, q, time.perf_counter() - start)
+        return Proposal(tokens, q, seconds, timed)
 
 
 class NgramProposer:
@@ -155,8 +164,8 @@ class NgramProposer:
                         tokens.append(t)
                         if t in stop_ids:
                             break
-                    return Proposal(tokens, None, time.perf_counter() - start)
-        return Proposal([], None, time.perf_counter() - start)
+                    return Proposal(tokens, None, time.perf_counter() - start, k)
+        return Proposal([], None, time.perf_counter() - start, k)  # one lookup stands for k (free) draft steps
 
 
 def verify(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, greedy: bool,
@@ -236,12 +245,13 @@ class DraftLengthPolicy:
             best = min(limit, best + 1) if (self.steps // 16) % 2 else max(1, best - 1)
         return best
 
-    def update(self, drafted: int, accepted: int, draft_s: float, verify_s: float, fed: int) -> None:
+    def update(self, drafted: int, accepted: int, draft_s: float, draft_steps: int, verify_s: float, fed: int) -> None:
         if drafted > 0:
             self.accepted = self.accepted * self.decay + accepted
             self.rejected = self.rejected * self.decay + (1 if accepted < drafted else 0)
-            per_token = draft_s / drafted
-            self.draft_s = per_token if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_token
+        if draft_steps > 0:
+            per_step = draft_s / draft_steps
+            self.draft_s = per_step if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_step
         old = self.verify_s.get(fed)
         self.verify_s[fed] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
 
@@ -298,8 +308,8 @@ class Generation:
             p = self.params.probs(self.target.logits(self.seq, drafts))
             committed, accepted = verify(drafts, proposal.q, p, self.params.greedy, self.generator)
             if self.proposer is not None:
-                self.policy.update(len(drafts), accepted, proposal.seconds, time.perf_counter() - start,
-                                   len(drafts) + 1)
+                self.policy.update(len(drafts), accepted, proposal.seconds, proposal.timed_steps,
+                                   time.perf_counter() - start, len(drafts) + 1)
         self.target_calls += 1
         committed = committed[:remaining]
         for i, token in enumerate(committed):

@@ -35,18 +35,14 @@ from voice.reply import ReplyOutcome, StageError, speak_reply
 
 log = logging.getLogger("specvoice.assistant")
 MIC_RATE = 16000
+PAUSE_DECODE_S = 0.12  # silence after speech that starts an early decode (see Session._watch_for_pause)
 
 
 def decode_settings(config: Config, **overrides):
     """The decoder settings for a turn, from ``config.llm`` (``overrides`` for benchmarks: mode="target")."""
     from llm.engine import DecodeSettings
 
-    llm = config.llm
-    values = dict(mode=llm.mode, draft_length=llm.draft_length, max_draft_length=llm.max_draft_length,
-                  temperature=llm.temperature, top_k=llm.top_k, top_p=llm.top_p, seed=llm.seed,
-                  max_new_tokens=llm.max_new_tokens, tree=llm.tree)
-    values.update(overrides)
-    return DecodeSettings(**values)
+    return DecodeSettings.from_config({**config.llm.model_dump(), **overrides})
 
 
 class Assistant:
@@ -135,6 +131,11 @@ class Session:
         self._utterance = None  # StreamingTranscription of the speech in progress
         self._listen_trace: LatencyTrace | None = None
         self._partial_task: asyncio.Task | None = None
+        self._partial_pass: asyncio.Future | None = None
+        # set when the user pauses: a decode starts at once, so that if the pause becomes the end of the turn
+        # the final transcript is (nearly) ready when the VAD decides it, instead of starting then
+        self._pause_heard = asyncio.Event()
+        self._quiet_s = 0.0
         self._turn_task: asyncio.Task | None = None
         self._manual_audio: list[np.ndarray] = []
         self._audio_clock: float | None = None  # monotonic time of the next pushed sample
@@ -183,13 +184,14 @@ class Session:
         samples = np.asarray(samples)
         if samples.dtype != np.int16 or samples.ndim != 1:
             raise ValueError("push_audio takes int16 mono samples at 16 kHz; convert (audio.resample) first")
-        if self._echo is not None and (reference is not None or self.replying):
-            samples = self._echo.process(samples, reference)
         if t is None:
             now = time.monotonic()
             t = self._audio_clock if self._audio_clock and abs(self._audio_clock + len(samples) / MIC_RATE - now) < 1.0 \
                 else now - len(samples) / MIC_RATE
         self._audio_clock = t + len(samples) / MIC_RATE
+        if self._echo is not None:  # always in the path, so its constant buffering delay never jumps
+            samples = self._echo.process(samples, reference)
+            t -= self._echo.delay_samples / MIC_RATE
         if not self.vad_enabled:
             self._manual_audio.append(samples.copy())
             return
@@ -203,6 +205,15 @@ class Session:
                 await self._on_speech_end(event)
         if self._utterance is not None and not started:
             self._utterance.add(samples)
+            self._watch_for_pause(len(samples) / MIC_RATE)
+
+    def _watch_for_pause(self, seconds: float) -> None:
+        if self.vad.last_score >= self.config.vad.threshold - 0.15:
+            self._quiet_s = 0.0
+            return
+        before, self._quiet_s = self._quiet_s, self._quiet_s + seconds
+        if before < PAUSE_DECODE_S <= self._quiet_s:
+            self._pause_heard.set()
 
     async def _on_speech_start(self, event: VadEvent) -> None:
         if self.replying:
@@ -213,6 +224,8 @@ class Session:
         self._listen_trace = self._new_trace()
         self._listen_trace.mark("speech_start", event.t)
         self._utterance = self.assistant.stt.stream()
+        self._quiet_s = 0.0
+        self._pause_heard.clear()
         if event.audio is not None and len(event.audio):
             self._utterance.add(event.audio)
         self._set_state(State.LISTENING)
@@ -224,8 +237,16 @@ class Session:
         interval = self.config.stt.partial_interval_ms / 1000.0
         last = None
         while True:
-            await asyncio.sleep(interval)
-            text = await utterance.partial()
+            try:
+                async with asyncio.timeout(interval):
+                    await self._pause_heard.wait()
+            except TimeoutError:
+                pass
+            self._pause_heard.clear()
+            # shielded: a pass already running in the worker thread is finished and kept at speech end (the
+            # final transcript then decodes only what that pass did not see), never thrown away
+            self._partial_pass = asyncio.ensure_future(utterance.partial())
+            text = await asyncio.shield(self._partial_pass)
             if text and text != last:
                 last = text
                 self.emit(TranscriptPartial(text))
@@ -235,6 +256,9 @@ class Session:
             self._partial_task.cancel()
             await asyncio.gather(self._partial_task, return_exceptions=True)
             self._partial_task = None
+        if self._partial_pass is not None:
+            await asyncio.gather(self._partial_pass, return_exceptions=True)
+            self._partial_pass = None
 
     async def _on_speech_end(self, event: VadEvent) -> None:
         if self._utterance is None or self._listen_trace is None:
@@ -283,6 +307,10 @@ class Session:
         try:
             async with asyncio.timeout(self.config.dialog.stt_timeout_s):
                 text = (await utterance.final()).strip()
+        except asyncio.CancelledError:  # barge-in before the transcript was ready: nothing was said back
+            trace.mark("turn_end", time.monotonic())
+            self.emit(TurnDone(trace.turn_id, utterance.text, "", True, trace.to_dict()))
+            raise
         except Exception as exc:
             return self._fail(trace, "stt", exc)
         trace.mark("stt_final", time.monotonic())
@@ -343,6 +371,7 @@ class Session:
             self.sink.begin_utterance()
         interrupted = False
         error: StageError | None = None
+        previous_last = self.history[-1] if self.history else None
         try:
             async with asyncio.timeout(self.config.dialog.turn_timeout_s):
                 await speak_reply(
@@ -361,8 +390,12 @@ class Session:
         heard = outcome.text.strip()
         if interrupted and speak:
             heard = outcome.heard_text(self.sink.played_samples if self.sink is not None else None)
-        if interrupted or error is not None:
-            self.conversation.trim_last_reply(heard)
+        replied = bool(self.history) and self.history[-1] is not previous_last and self.history[-1]["role"] == "assistant"
+        if (interrupted or error is not None) and replied:
+            try:
+                self.conversation.trim_last_reply(heard)
+            except ValueError:  # what was spoken is not a prefix of the raw reply (action markers removed)
+                log.info("history kept untrimmed", extra={"session": self.id, "heard": heard})
         stats = self.conversation.last_stats
         trace.extra.update({"interrupted": interrupted,
                             "decoder": stats.to_dict() if stats is not None else None})

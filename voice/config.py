@@ -120,7 +120,8 @@ class ServerConfig(_Section):
     max_turn_audio_s: float = Field(60.0, gt=0)
     max_sessions: int = Field(16, ge=1)
     idle_timeout_s: float = Field(300.0, gt=0)
-    metrics_port: int | None = Field(None, ge=0, le=65535)
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="extra /metrics listener on 127.0.0.1")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, turns in progress get this long to finish")
 
 
 class WyomingConfig(_Section):
@@ -128,6 +129,9 @@ class WyomingConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(10300, ge=0, le=65535)
     zeroconf: bool = False
+    allowed_clients: list[str] = Field(
+        default_factory=list, description="IPs/networks allowed to connect; required when host is not loopback "
+                                          "(Wyoming has no tokens), e.g. ['192.168.1.0/24']")
 
 
 class MQTTConfig(_Section):
@@ -148,6 +152,25 @@ class MQTTConfig(_Section):
     events: dict[str, str] = Field(
         default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
     )
+    cert_file: str | None = Field(None, description="TLS client certificate (PEM), when the broker asks for one")
+    key_file: str | None = Field(None, description="TLS client key (PEM) for cert_file")
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    reconnect_min_s: float = Field(1.0, gt=0, description="first wait before reconnecting; doubles up to the max")
+    reconnect_max_s: float = Field(60.0, gt=0)
+    discovery: bool = Field(True, description="publish Home Assistant discovery configs")
+
+    @model_validator(mode="after")
+    def _usable(self) -> MQTTConfig:
+        from voice.actions import check_allowed  # late: actions imports events only, but keep config light
+
+        check_allowed(self.allowed_actions)
+        for topic, template in self.events.items():
+            if not topic.strip() or not template.strip():
+                raise ValueError(f"mqtt.events[{topic!r}] needs a topic and a sentence; fix: e.g. "
+                                 "'home/doorbell' = '{name} is at the door'")
+        if self.key_file and not self.cert_file:
+            raise ValueError("mqtt.key_file is set without mqtt.cert_file; fix: set both, or neither")
+        return self
 
 
 class LoggingConfig(_Section):

@@ -11,6 +11,8 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
+
 from audio.resample import resample
 from audio.sinks import WavSink
 from audio.sources import WavSource
@@ -24,7 +26,7 @@ DEFAULT_QUESTIONS = ("What is the capital of France?", "And roughly how many peo
 
 def synthesize_question(assistant: Assistant, text: str, path: Path) -> Path:
     """Speak ``text`` with the assistant's own voice into a 16 kHz WAV (a stand-in for a recorded question)."""
-    pcm = assistant.tts.synthesize(text)
+    pcm = np.concatenate(list(assistant.tts.synthesize(text)))
     write_wav(path, resample(pcm, assistant.tts_sample_rate, 16000), 16000)
     return path
 
@@ -86,7 +88,7 @@ async def demo(config, inputs: list[str], out: str | None, json_out: str | None)
             print(f"  you:       {done.transcript}")
             print(f"  assistant: {done.reply}")
             if decoder:
-                print(f"  decoder:   {decoder.get('tokens', '?')} tokens, {decoder.get('tokens_per_s', 0):.1f} tok/s, "
+                print(f"  decoder:   {decoder.get('new_tokens', '?')} tokens, {decoder.get('tokens_per_s', 0):.1f} tok/s, "
                       f"accepted/drafted {decoder.get('accepted', 0)}/{decoder.get('drafted', 0)}, "
                       f"mean accepted length {decoder.get('mean_accepted_length', 0):.2f}")
             traces.append(trace_from(done, config.budget.model_dump()))

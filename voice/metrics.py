@@ -44,8 +44,8 @@ class Metrics:
         self.generated = Counter("specvoice_generated_tokens_total", "Tokens emitted by the decoder", registry=r)
         self.acceptance = Histogram("specvoice_spec_acceptance_ratio", "Accepted / drafted tokens per turn",
                                     buckets=_RATIO_BUCKETS, registry=r)
-        self.tokens_per_call = Histogram("specvoice_spec_tokens_per_target_call", "Mean tokens emitted per target "
-                                         "forward pass, per turn", buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
+        self.tokens_per_call = Histogram("specvoice_spec_tokens_per_target_call", "Mean tokens committed per verifying "
+                                         "target pass, per turn", buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
                                          registry=r)
 
     # ---- feeding -----------------------------------------------------------------------------------------------
@@ -70,11 +70,11 @@ class Metrics:
             self.accepted.inc(accepted)
             if drafted > 0:
                 self.acceptance.observe(accepted / drafted)
-        tokens, calls = decoder.get("tokens"), decoder.get("target_calls")
+        tokens, per_call = decoder.get("new_tokens"), decoder.get("mean_accepted_length")
         if isinstance(tokens, (int, float)):
             self.generated.inc(tokens)
-            if isinstance(calls, (int, float)) and calls > 0:
-                self.tokens_per_call.observe(tokens / calls)
+        if isinstance(per_call, (int, float)) and per_call > 0:
+            self.tokens_per_call.observe(per_call)
 
     def session_opened(self, transport: str) -> None:
         self.sessions.labels(transport).inc()

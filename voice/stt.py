@@ -36,6 +36,7 @@ _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
 _TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is this long
 _MAX_BUFFER_S = 25.0  # Whisper sees 30 s windows: trim at any committed word beyond this
 _MIN_NEW_S = 0.2  # a partial pass needs at least this much new audio
+_TAIL_RMS = 0.01  # about -40 dBFS: audio after the last pass this quiet needs no re-decode
 
 
 @dataclass(frozen=True)
@@ -97,7 +98,7 @@ class SpeechToText:
                 if self._hallucinated(seg, audio):
                     log.debug("dropped hallucination", extra={"text": seg.text, "no_speech": seg.no_speech_prob})
                     continue
-                words += [Word(w.word, w.start, w.end) for w in seg.words or []]
+                words += [Word(w.word, w.start, w.end) for w in seg.words or [] if Word(w.word, 0, 0).key]
             self.passes += 1
             self.decoded_s += len(audio) / RATE
         return words
@@ -130,6 +131,7 @@ class StreamingTranscription:
         self._previous: list[Word] | None = None  # last pass's words after the committed ones
         self._decoded_len = -1  # buffer length the last pass saw
         self.passes = 0
+        self.final_decoded: bool | None = None  # did final() need its own pass (None: not called yet)
 
     def add(self, samples: np.ndarray) -> None:
         if samples.dtype != np.int16:
@@ -150,7 +152,7 @@ class StreamingTranscription:
 
     @property
     def text(self) -> str:
-        return " ".join(p for p in (self.committed, self.tentative) if p)
+        return " ".join(p for p in (*self._done, _join(self._committed + (self._previous or []))) if p)
 
     def _prompt(self) -> str | None:
         return " ".join(self._done)[-200:] or None
@@ -208,8 +210,17 @@ class StreamingTranscription:
         self._decoded_len = -1
         log.debug("trimmed stt buffer", extra={"at_s": cut_s})
 
+    def _nothing_new(self) -> bool:
+        """True when the last pass saw all the speech: no new audio, or only quiet audio (the endpointing
+        silence the VAD waited for) since then."""
+        if self._decoded_len < 0:
+            return False
+        tail = self._audio[self._decoded_len:]
+        return len(tail) == 0 or float(np.sqrt(np.mean(np.square(tail)))) < _TAIL_RMS
+
     async def final(self) -> str:
         """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new)."""
-        if self._decoded_len != len(self._audio):
+        self.final_decoded = not self._nothing_new()
+        if self.final_decoded:
             self._previous = self._after_committed(await self._pass())
-        return " ".join(p for p in (*self._done, _join(self._committed), _join(self._previous or [])) if p)
+        return self.text

@@ -1,0 +1,95 @@
+"""The chunker: a short first fragment, sentences after it, numbers and abbreviations intact, and the same
+fragments, with nothing lost or duplicated, however the token stream is split."""
+
+import re
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from voice.chunker import Chunker
+
+REPLY = ("Sure, the kitchen light is on now. It costs 3.14 dollars, about 1,000 yen. Dr. Smith said e.g. the "
+         "U.S. office opens at 9 a.m. on Monday! Is that right? Yes: it is.")
+
+
+def run(pieces, **kw):
+    chunker = Chunker(**kw)
+    out = []
+    for piece in pieces:
+        out += chunker.push(piece)
+    return out + chunker.flush()
+
+
+def tokens(text):
+    """Split like an LLM stream: each word with the space that follows it."""
+    return re.findall(r"\S+\s*|\s+", text)
+
+
+def words_of(text):
+    return text.split()
+
+
+def test_first_fragment_comes_at_the_first_comma_once_long_enough():
+    chunker = Chunker(first_fragment_chars=12)
+    assert chunker.push("Sure, the light") == []  # "Sure," is shorter than 12 characters
+    assert chunker.push(" is on, and") == ["Sure, the light is on,"]  # out before the sentence ends
+
+
+def test_later_fragments_end_at_sentences_not_short_clauses():
+    out = run(tokens(REPLY))
+    assert out == [
+        "Sure, the kitchen light is on now.",
+        "It costs 3.14 dollars, about 1,000 yen.",
+        "Dr. Smith said e.g. the U.S. office opens at 9 a.m. on Monday!",
+        "Is that right?",
+        "Yes: it is.",
+    ]
+
+
+def test_numbers_decimals_and_abbreviations_stay_whole_whatever_the_split():
+    for pieces in (list(REPLY), tokens(REPLY), [REPLY[:40], REPLY[40:41], REPLY[41:]]):
+        out = run(pieces)
+        joined = " | ".join(out)
+        for intact in ("3.14", "1,000", "Dr. Smith", "e.g. the", "U.S. office", "9 a.m. on"):
+            assert intact in joined, (intact, out)
+
+
+def test_a_sentence_ending_in_a_number_is_still_a_sentence():
+    assert run(["It was built in 2024. ", "Then it moved."]) == ["It was built in 2024.", "Then it moved."]
+
+
+def test_long_text_without_punctuation_is_cut_at_the_word_limit():
+    text = " ".join(f"word{i}" for i in range(70))
+    out = run([text], max_fragment_words=30)
+    assert [len(f.split()) for f in out] == [30, 30, 10]
+
+
+def test_line_break_ends_a_fragment_and_closing_quotes_stay():
+    assert run(['He said "Hello there." and left.\nNext line here']) == [
+        'He said "Hello there."', "and left.", "Next line here"]
+
+
+def test_flush_returns_the_rest_and_resets_for_the_next_reply():
+    chunker = Chunker()
+    assert chunker.push("Hello") == []
+    assert chunker.flush() == ["Hello"]
+    assert chunker.flush() == []
+    assert chunker.push("Okay, that is fine, thanks. ") == ["Okay, that is fine,"]  # a first fragment again
+
+
+alphabet = st.sampled_from(list("abc XYZ019") + [".", ",", "!", "?", ";", ":", "\n", '"', ")", "Dr.", "e.g.", "3.5"])
+texts = st.lists(alphabet, max_size=80).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=texts, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20),
+       first=st.integers(min_value=1, max_value=20), max_words=st.integers(min_value=4, max_value=12))
+def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, first, max_words):
+    bounds = sorted({c % (len(text) + 1) for c in cuts})
+    pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    whole = run([text], first_fragment_chars=first, max_fragment_words=max_words)
+    split = run(pieces, first_fragment_chars=first, max_fragment_words=max_words)
+    assert split == whole
+    assert words_of(" ".join(split)) == words_of(text)  # nothing lost, nothing duplicated, order kept
+    assert all(f and f == f.strip() for f in split)
+    assert all(len(f.split()) <= max_words for f in split)

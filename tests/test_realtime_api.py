@@ -1,0 +1,398 @@
+"""The websocket API with clients no one here wrote: the openai SDK's realtime client (and a raw websockets
+client for what the SDK will not send), against `serve()` on the small real models.
+
+Every standard server event is validated against the openai package's own pydantic models, so the event names
+and shapes are the GA Realtime API's, not our reading of it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import json
+import socket
+import urllib.request
+from typing import Any, get_args
+
+import numpy as np
+import pytest
+import websockets
+from openai import AsyncOpenAI
+from openai.types.realtime import realtime_server_event
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from audio.resample import resample
+from voice.assistant import Assistant
+from voice.bench_speech import espeak_utterance, normalize_words, wer
+from voice.serve import serve
+
+WIRE = 24000
+SERVER_EVENTS = {get_args(cls.model_fields["type"].annotation)[0]: cls
+                 for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])}
+
+
+@pytest.fixture(scope="module")
+def assistant(small_config):
+    config = small_config.model_copy(deep=True)
+    config.llm.max_new_tokens = 32
+    return Assistant.load_sync(config)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(assistant, **server) -> Any:
+    config = assistant.config.model_copy(deep=True)
+    config.server.port = free_port()
+    config.wyoming.enabled = False
+    for key, value in server.items():
+        setattr(config.server, key, value)
+    return config
+
+
+@contextlib.asynccontextmanager
+async def running(config, assistant):
+    """serve() in this process; yields the websocket base URL; stopped by cancelling, as a test would."""
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve(config, ready=ready, assistant=assistant))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # raises the startup error
+    assert ready.is_set(), "server did not start within 30 s"
+    try:
+        yield f"ws://127.0.0.1:{config.server.port}/v1"
+    finally:
+        task.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+
+
+def scrape(port: int) -> str:
+    """GET /metrics (closing the connection, so the server's shutdown never waits for it)."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return response.read().decode()
+
+
+def sdk(url: str, token: str = "unused"):
+    return AsyncOpenAI(api_key=token, websocket_base_url=url, base_url=url.replace("ws://", "http://"))
+
+
+async def events_until(conn, last: str, timeout: float = 150.0, *, validate: bool = True) -> list[dict]:
+    """Raw server events up to and including the first of type ``last``; each one schema-checked."""
+    out: list[dict] = []
+    async with asyncio.timeout(timeout):
+        while True:
+            raw = json.loads(await conn.recv_bytes())
+            if validate and raw["type"] in SERVER_EVENTS:
+                SERVER_EVENTS[raw["type"]].model_validate(raw)
+            out.append(raw)
+            if raw["type"] == last:
+                return out
+
+
+def types(events: list[dict]) -> list[str]:
+    return [e["type"] for e in events]
+
+
+def audio_of(events: list[dict]) -> np.ndarray:
+    chunks = [np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in events
+              if e["type"] == "response.output_audio.delta"]
+    return np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
+
+
+def b64(samples: np.ndarray) -> str:
+    return base64.b64encode(samples.astype("<i2").tobytes()).decode()
+
+
+async def send_speech(conn, samples24: np.ndarray, *, silence_s: float = 1.2, speed: float = 4.0) -> None:
+    """Speech then silence, in 100 ms appends, ``speed`` times faster than real time."""
+    audio = np.concatenate([np.zeros(WIRE // 5, np.int16), samples24, np.zeros(int(silence_s * WIRE), np.int16)])
+    step = WIRE // 10
+    for i in range(0, len(audio), step):
+        await conn.input_audio_buffer.append(audio=b64(audio[i:i + step]))
+        await asyncio.sleep(0.1 / speed)
+
+
+async def text_turn(conn, text: str, **response) -> list[dict]:
+    await conn.conversation.item.create(item={"type": "message", "role": "user",
+                                              "content": [{"type": "input_text", "text": text}]})
+    await conn.response.create(**({"response": response} if response else {}))
+    return await events_until(conn, "response.done")
+
+
+# ---- happy paths, with the openai SDK ------------------------------------------------------------------------
+
+async def test_text_turn_gets_text_audio_and_latency_trace(assistant):
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with sdk(url).realtime.connect(model="smollm2") as conn:
+            created = await events_until(conn, "session.created")
+            session = created[0]["session"]
+            assert session["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": 24000}
+            assert session["audio"]["input"]["turn_detection"]["type"] == "server_vad"
+
+            events = await text_turn(conn, "Say hello to Bob.")
+            kinds = types(events)
+            done = events[-1]["response"]
+            assert done["status"] == "completed", done
+            # the order a Realtime client relies on
+            assert kinds.index("response.created") < kinds.index("response.output_audio_transcript.delta") \
+                < kinds.index("response.output_audio_transcript.done") < kinds.index("specvoice.latency") \
+                < kinds.index("response.done")
+            transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
+            assert transcript.strip()
+            assert done["output"][0]["content"][0]["transcript"].strip() == transcript.strip()
+            # the audio is 24 kHz speech of that text: transcribe it back with the server's own STT
+            audio = audio_of(events)
+            assert len(audio) > WIRE // 2
+            heard = await assistant.stt.transcribe(resample(audio, WIRE, 16000))
+            assert wer(transcript, heard) < 0.6, (transcript, heard)
+            latency = next(e for e in events if e["type"] == "specvoice.latency")
+            assert latency["response_id"] == done["id"]
+            stages = latency["trace"]["stages_ms"]
+            assert stages["llm_first_token"] > 0 and stages["text_to_voice"] > 0
+
+            # a second turn in the same session remembers the conversation
+            second = await text_turn(conn, "Thank you.", output_modalities=["text"])
+            assert second[-1]["response"]["status"] == "completed"
+            assert "response.output_text.delta" in types(second)
+            assert "response.output_audio.delta" not in types(second)
+
+
+async def test_spoken_turn_with_server_vad(assistant):
+    question = "What is the capital of France?"
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with sdk(url).realtime.connect(model="smollm2") as conn:
+            await events_until(conn, "session.created")
+            await send_speech(conn, espeak_utterance(question, rate=WIRE))
+            events = await events_until(conn, "response.done")
+            kinds = types(events)
+            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
+                         "input_audio_buffer.committed", "conversation.item.input_audio_transcription.completed",
+                         "response.created", "response.output_audio.delta", "specvoice.latency"):
+                assert kind in kinds, (kind, kinds)
+            assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
+                "input_audio_buffer.speech_stopped") < kinds.index("response.created")
+            started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
+            stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
+            assert started["item_id"] == stopped["item_id"]
+            assert 0 <= started["audio_start_ms"] < stopped["audio_end_ms"]
+            final = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+            assert final["item_id"] == stopped["item_id"]
+            assert wer(question, final["transcript"]) <= 0.34, final["transcript"]
+            deltas = [e for e in events if e["type"] == "conversation.item.input_audio_transcription.delta"]
+            assert all(e["item_id"] == final["item_id"] and e["delta"] for e in deltas)
+            assert events[-1]["response"]["status"] == "completed"
+            trace = next(e for e in events if e["type"] == "specvoice.latency")["trace"]
+            assert {"speech_end", "endpoint", "stt_final", "llm_first_token"} <= set(trace["marks_ms"])
+            assert trace["stages_ms"]["voice_to_voice"] > 0
+
+
+async def test_manual_turn_taking_commit_then_response_create(assistant):
+    question = "Name a color."
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with sdk(url).realtime.connect(model="smollm2") as conn:
+            await events_until(conn, "session.created")
+            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
+                                               "audio": {"input": {"turn_detection": None}}})
+            updated = (await events_until(conn, "session.updated"))[-1]["session"]
+            assert updated["audio"]["input"]["turn_detection"] is None
+            assert updated["output_modalities"] == ["text"]
+            speech = espeak_utterance(question, rate=WIRE)
+            for i in range(0, len(speech), WIRE // 5):
+                await conn.input_audio_buffer.append(audio=b64(speech[i:i + WIRE // 5]))
+            await conn.input_audio_buffer.commit()
+            await conn.response.create()
+            events = await events_until(conn, "response.done")
+            kinds = types(events)
+            assert "input_audio_buffer.speech_started" not in kinds   # no server VAD in manual mode
+            committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
+            final = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
+            assert final["item_id"] == committed["item_id"]
+            assert wer(question, final["transcript"]) <= 0.34, final["transcript"]
+            assert events[-1]["response"]["status"] == "completed"
+            assert "response.output_text.delta" in kinds and "response.output_audio.delta" not in kinds
+
+            # clearing the buffer: the next commit has nothing to commit
+            await conn.input_audio_buffer.append(audio=b64(speech[:WIRE]))
+            await conn.input_audio_buffer.clear()
+            assert (await events_until(conn, "input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
+            await conn.input_audio_buffer.commit()
+            error = (await events_until(conn, "error"))[-1]["error"]
+            assert error["code"] == "input_audio_buffer_commit_empty"
+
+
+async def test_response_cancel_stops_the_turn_and_the_session_goes_on(assistant):
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with sdk(url).realtime.connect(model="smollm2") as conn:
+            await events_until(conn, "session.created")
+            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
+            await conn.response.create()
+            await events_until(conn, "response.output_audio_transcript.delta")
+            await conn.response.cancel()
+            events = await events_until(conn, "response.done")
+            done = events[-1]["response"]
+            assert done["status"] == "cancelled"
+            assert done["status_details"]["reason"] == "client_cancelled"
+            # nothing to cancel any more: a clear error, and the session still answers
+            await conn.response.cancel()
+            assert (await events_until(conn, "error"))[-1]["error"]["code"] == "response_cancel_not_active"
+            again = await text_turn(conn, "Hello.", output_modalities=["text"])
+            assert again[-1]["response"]["status"] == "completed"
+
+
+# ---- bad input ---------------------------------------------------------------------------------------------------
+
+async def test_bad_input_gets_clear_errors_and_the_session_survives(assistant):
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with connect(f"{url}/realtime") as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+
+            async def error_for(message) -> dict:
+                await ws.send(message)
+                while True:
+                    event = json.loads(await asyncio.wait_for(ws.recv(), 30))
+                    if event["type"] == "error":
+                        SERVER_EVENTS["error"].model_validate(event)
+                        return event["error"]
+
+            assert (await error_for("{not json"))["code"] == "invalid_json"
+            assert (await error_for("[1, 2]"))["code"] == "invalid_json"
+            err = await error_for(json.dumps({"type": "response.explode", "event_id": "e1"}))
+            assert err["code"] == "unknown_event_type" and err["event_id"] == "e1" and "response.create" in err["message"]
+            err = await error_for(json.dumps({"type": "input_audio_buffer.append", "audio": 12345}))
+            assert err["code"] == "invalid_value" and err["param"] == "audio"
+            err = await error_for(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}}))
+            assert err["code"] == "invalid_value" and err["param"] == "item.content.0.text"
+            err = await error_for(json.dumps({"type": "input_audio_buffer.append", "audio": "!!not base64!!"}))
+            assert err["code"] == "invalid_audio" and "base64" in err["message"]
+            err = await error_for(json.dumps({"type": "input_audio_buffer.append",
+                                              "audio": base64.b64encode(b"\x01\x02\x03").decode()}))
+            assert err["code"] == "invalid_audio" and "odd" in err["message"]
+            err = await error_for(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}))
+            assert err["code"] == "invalid_value" and "audio/pcm" in err["message"]
+            err = await error_for(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))
+            assert err["code"] == "invalid_value" and "24000" in err["message"]
+            err = await error_for(json.dumps({"type": "session.update", "session": {
+                "type": "realtime", "output_modalities": ["text", "audio"]}}))
+            assert err["code"] == "invalid_value"
+            assert (await error_for(b"\x00\x01binary"))["code"] == "binary_not_supported"
+            assert (await error_for(json.dumps({"type": "response.create"})))["code"] == "no_input"
+            assert (await error_for(json.dumps({"type": "response.cancel"})))["code"] == "response_cancel_not_active"
+            assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"})))["code"] == \
+                "input_audio_buffer_commit_empty"
+
+            # after all that, the same connection still answers a text turn
+            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
+                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}}))
+            await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
+            while (event := json.loads(await asyncio.wait_for(ws.recv(), 150)))["type"] != "response.done":
+                pass
+            assert event["response"]["status"] == "completed"
+
+
+async def test_oversized_frame_closes_only_that_connection(assistant):
+    config = make_config(assistant, max_message_bytes=64 * 1024)
+    async with running(config, assistant) as url:
+        async with connect(f"{url}/realtime") as bystander, connect(f"{url}/realtime") as big:
+            for ws in (bystander, big):
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            await big.send(json.dumps({"type": "input_audio_buffer.append", "audio": "A" * (100 * 1024)}))
+            with pytest.raises(ConnectionClosed) as closed:
+                while True:
+                    await asyncio.wait_for(big.recv(), 10)
+            assert closed.value.rcvd.code == 1009   # message too big
+            await bystander.send(json.dumps({"type": "input_audio_buffer.clear"}))
+            assert json.loads(await asyncio.wait_for(bystander.recv(), 10))["type"] == "input_audio_buffer.cleared"
+
+
+async def test_token_is_required_when_configured(assistant):
+    config = make_config(assistant, token="s3cret-token")
+    async with running(config, assistant) as url:
+        for headers in ({}, {"Authorization": "Bearer wrong"}):
+            async with connect(f"{url}/realtime", additional_headers=headers) as ws:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(ws.recv(), 10)
+                assert closed.value.rcvd.code == 1008 and "token" in closed.value.rcvd.reason
+        async with connect(f"{url}/realtime?token=s3cret-token") as ws:
+            assert json.loads(await ws.recv())["type"] == "session.created"
+        async with sdk(url, token="s3cret-token").realtime.connect(model="smollm2") as conn:
+            assert (await events_until(conn, "session.created"))[0]["type"] == "session.created"
+        # metrics need the token too
+        port = config.server.port
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=10)
+        assert refused.value.code == 401
+        refused.value.close()
+        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
+                                         headers={"Authorization": "Bearer s3cret-token"})
+        with await asyncio.to_thread(urllib.request.urlopen, request, timeout=10) as response:
+            assert response.headers.get_all("Content-Type") == ["text/plain; version=1.0.0; charset=utf-8"]
+            assert b"specvoice_sessions_opened_total" in response.read()
+
+
+async def test_session_limit_idle_timeout_unknown_path_and_metrics(assistant):
+    config = make_config(assistant, max_sessions=2, idle_timeout_s=1.0, metrics_port=free_port())
+    async with running(config, assistant) as url:
+        port = config.server.port
+        # the optional plain metrics listener (127.0.0.1 only) serves the same registry
+        assert "specvoice_sessions_opened_total" in await asyncio.to_thread(scrape, config.server.metrics_port)
+        async with connect(f"{url}/realtime") as a, connect(f"{url}/realtime") as b:
+            for ws in (a, b):
+                assert json.loads(await ws.recv())["type"] == "session.created"
+            async with connect(f"{url}/realtime") as third:
+                with pytest.raises(ConnectionClosed) as closed:
+                    await asyncio.wait_for(third.recv(), 10)
+                assert closed.value.rcvd.code == 1013 and "max_sessions" in closed.value.rcvd.reason
+            text = await asyncio.to_thread(scrape, port)
+            assert 'specvoice_sessions{transport="websocket"} 2.0' in text
+            assert 'specvoice_connections_rejected_total{reason="sessions",transport="websocket"} 1.0' in text
+            # silent clients are closed after server.idle_timeout_s
+            with pytest.raises(ConnectionClosed) as closed:
+                await asyncio.wait_for(a.recv(), 10)
+            assert closed.value.rcvd.code == 1000 and "idle" in closed.value.rcvd.reason
+        with pytest.raises(websockets.exceptions.InvalidStatus) as refused:
+            async with connect(f"ws://127.0.0.1:{port}/elsewhere"):
+                pass
+        assert refused.value.response.status_code == 404
+
+
+async def test_disconnect_mid_turn_leaks_nothing_and_others_keep_working(assistant):
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        before_sessions = len(assistant._sessions)
+        before_tasks = len(asyncio.all_tasks())
+        async with sdk(url).realtime.connect(model="smollm2") as other:
+            await events_until(other, "session.created")
+            leaver = await sdk(url).realtime.connect(model="smollm2").enter()
+            await events_until(leaver, "session.created")
+            await leaver.conversation.item.create(item={"type": "message", "role": "user", "content": [
+                {"type": "input_text", "text": "Tell me about the ocean."}]})
+            await leaver.response.create()
+            await events_until(leaver, "response.output_audio_transcript.delta")
+            await leaver.close()   # gone in the middle of its reply
+            events = await text_turn(other, "Hello there.", output_modalities=["text"])
+            assert events[-1]["response"]["status"] == "completed"
+        for _ in range(100):
+            if len(assistant._sessions) == before_sessions:
+                break
+            await asyncio.sleep(0.05)
+        assert len(assistant._sessions) == before_sessions
+        assert len(asyncio.all_tasks()) <= before_tasks
+        text = await asyncio.to_thread(scrape, config.server.port)
+        assert 'specvoice_sessions{transport="websocket"} 0.0' in text
+        assert 'specvoice_turns_total{outcome="interrupted"}' in text
+        assert "specvoice_stage_seconds_bucket" in text

@@ -1,0 +1,139 @@
+"""Streaming STT on real synthetic speech with the real Whisper models: word error rate, partials that are
+prefixes of the final, a final that re-decodes only when it must, hallucinations dropped, long utterances."""
+
+import types
+
+import numpy as np
+import pytest
+
+from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
+from voice.config import STTConfig, load_config
+from voice.models import ModelError, resolve
+from voice.stt import SpeechToText
+
+WER_BOUND_TINY = 0.10  # aggregate over 12 utterances; measured 0.0-0.03 on this machine
+WER_BOUND_BASE = 0.10
+
+
+@pytest.fixture(scope="module")
+def stt(small_config):
+    return SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt)
+
+
+async def stream_through(stt, audio, partial_every_s=0.6, block=320):
+    """Feed 20 ms blocks; ask for a partial every ``partial_every_s`` of audio; return (partials, final)."""
+    stream = stt.stream()
+    partials = []
+    for i in range(0, len(audio), block):
+        stream.add(audio[i:i + block])
+        if (i + block) % int(16000 * partial_every_s) < block:
+            text = await stream.partial()
+            if text is not None:
+                partials.append((stream.committed, text))
+    return stream, partials, await stream.final()
+
+
+async def corpus_wer(stt):
+    errors = words = 0
+    for sentence in SENTENCES:
+        for voice in (espeak, piper):
+            audio = np.concatenate([voice(sentence), silence(300)])
+            _, _, final = await stream_through(stt, audio, partial_every_s=1.5)
+            n = len(normalize_words(sentence))
+            errors += wer(sentence, final) * n
+            words += n
+    return errors / words
+
+
+async def test_word_error_rate_on_espeak_and_piper_speech(stt):
+    assert await corpus_wer(stt) <= WER_BOUND_TINY
+
+
+async def test_partials_are_prefixes_in_progress_of_the_final(stt):
+    audio = np.concatenate([piper("Remind me to call my mother tomorrow morning about the party."), silence(200)])
+    stream, partials, final = await stream_through(stt, audio, partial_every_s=0.6)
+    final_words = normalize_words(final)
+    committed = [normalize_words(c) for c, _ in partials]
+    assert len(partials) >= 3
+    assert any(committed) and len(committed[-1]) < len(final_words) + 1
+    for words in committed:
+        assert final_words[: len(words)] == words  # committed words never change
+    for a, b in zip(committed, committed[1:]):
+        assert b[: len(a)] == a  # and only grow
+    assert wer("Remind me to call my mother tomorrow morning about the party.", final) <= 0.1
+
+
+async def test_final_reuses_the_last_pass_when_only_silence_followed(stt):
+    speech = espeak("Play some quiet music in the living room.")
+    stream = stt.stream()
+    stream.add(speech)
+    assert await stream.partial() is not None
+    passes = stt.passes
+    stream.add(silence(500))  # the endpointing silence the VAD waits for
+    final = await stream.final()
+    assert stt.passes == passes  # no re-decode
+    assert wer("Play some quiet music in the living room.", final) == 0.0
+    stream2 = stt.stream()
+    stream2.add(speech[: len(speech) // 2])
+    await stream2.partial()
+    stream2.add(speech[len(speech) // 2:])  # new speech after the last pass: it must be decoded
+    passes = stt.passes
+    assert wer("Play some quiet music in the living room.", await stream2.final()) == 0.0
+    assert stt.passes == passes + 1
+
+
+async def test_no_new_audio_gives_no_partial(stt):
+    stream = stt.stream()
+    stream.add(espeak("Hello there."))
+    assert await stream.partial() is not None
+    assert await stream.partial() is None
+
+
+async def test_silence_and_noise_transcribe_to_nothing(stt):
+    rng = np.random.default_rng(0)
+    assert await stt.transcribe(silence(2000)) == ""
+    assert await stt.transcribe(rng.normal(0, 100, 32000).astype(np.int16)) == ""
+
+
+class FakeSegment(types.SimpleNamespace):
+    """Stands in for a faster-whisper Segment: the filter, not Whisper, is under test here."""
+
+
+def test_hallucination_filter_keeps_real_thanks():
+    quiet = np.zeros(16000, np.float32)
+    loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
+    seg = FakeSegment(text=" Thanks for watching!", start=0.0, end=1.0, no_speech_prob=0.1)
+    assert SpeechToText._hallucinated(seg, quiet)
+    assert not SpeechToText._hallucinated(seg, loud)  # spoken for real
+    assert SpeechToText._hallucinated(FakeSegment(text="Thank you.", start=0, end=1, no_speech_prob=0.5), loud)
+    assert not SpeechToText._hallucinated(FakeSegment(text="Turn it on.", start=0, end=1, no_speech_prob=0.9), quiet)
+
+
+async def test_long_utterance_is_trimmed_at_sentence_ends_and_stays_whole(stt):
+    sentences = ["Turn on the lights in the kitchen.", "What is the weather like today?",
+                 "Remind me to call my mother tomorrow morning.", "Play some quiet music in the living room.",
+                 "How far is the moon from the earth?"]
+    audio = np.concatenate([np.concatenate([espeak(s), silence(350)]) for s in sentences])
+    assert len(audio) / 16000 > 12
+    stream, partials, final = await stream_through(stt, audio, partial_every_s=2.5)
+    assert stream._done, "the buffer should have been trimmed at a committed sentence end"
+    assert stream.duration < len(audio) / 16000 - 3
+    assert wer(" ".join(sentences), final) <= 0.1
+
+
+def test_language_must_suit_an_english_only_model(small_config):
+    settings = STTConfig(**{**small_config.stt.model_dump(), "language": "de"})
+    with pytest.raises(ModelError, match="English-only.*stt.language = 'en'"):
+        SpeechToText(resolve("whisper-tiny.en", "stt"), settings)
+
+
+def test_add_rejects_float_audio(stt):
+    with pytest.raises(ValueError, match="int16"):
+        stt.stream().add(np.zeros(10, np.float32))
+
+
+@pytest.mark.big
+async def test_word_error_rate_with_the_default_model():
+    config = load_config("configs/default.toml", environ={})
+    base = SpeechToText(resolve(config.models.stt, "stt"), config.stt)
+    assert await corpus_wer(base) <= WER_BOUND_BASE

@@ -1,0 +1,238 @@
+"""The Wyoming server with the `wyoming` package's own client, on the small real models: describe, streaming
+transcription of a generated WAV, synthesis (plain and streaming) that transcribes back, the handle service,
+and bad input on the raw protocol."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import subprocess
+import time
+import wave
+
+import numpy as np
+import pytest
+from wyoming.asr import Transcribe, Transcript
+from wyoming.audio import AudioChunk, AudioStart, AudioStop, wav_to_chunks
+from wyoming.client import AsyncTcpClient
+from wyoming.error import Error
+from wyoming.event import Event
+from wyoming.handle import Handled
+from wyoming.info import Describe, Info
+from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
+
+from audio.resample import resample
+from voice.assistant import Assistant
+from voice.bench_speech import wer
+from voice.config import ConfigError
+from voice.serve import serve
+from voice.wyoming_server import WyomingServer
+
+# long enough (about 9 s) for several partial passes while it streams, even on a busy CPU
+SENTENCE = ("The quick brown fox jumps over the lazy dog near the quiet river bank. "
+            "Then it runs home through the green forest before the rain starts.")
+
+
+@pytest.fixture(scope="module")
+def assistant(small_config):
+    config = small_config.model_copy(deep=True)
+    config.llm.max_new_tokens = 24
+    return Assistant.load_sync(config)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def make_config(assistant, **limits):
+    config = assistant.config.model_copy(deep=True)
+    config.server.port = free_port()
+    config.wyoming.port = free_port()
+    for key, value in limits.items():
+        section, name = key.split("__")
+        setattr(getattr(config, section), name, value)
+    return config
+
+
+@contextlib.asynccontextmanager
+async def running(config, assistant):
+    ready = asyncio.Event()
+    task = asyncio.create_task(serve(config, ready=ready, assistant=assistant))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()
+    assert ready.is_set()
+    try:
+        yield config.wyoming.port
+    finally:
+        task.cancel()
+        await asyncio.gather(task, waiter, return_exceptions=True)
+
+
+async def read_until(client, last: str, timeout: float = 120.0) -> list[Event]:
+    out = []
+    async with asyncio.timeout(timeout):
+        while True:
+            event = await client.read_event()
+            assert event is not None, f"connection closed before {last!r}; got {[e.type for e in out]}"
+            out.append(event)
+            if event.type == last:
+                return out
+
+
+def pcm_of(events: list[Event]) -> tuple[np.ndarray, int]:
+    starts = [AudioStart.from_event(e) for e in events if AudioStart.is_type(e.type)]
+    chunks = [AudioChunk.from_event(e) for e in events if AudioChunk.is_type(e.type)]
+    assert len(starts) == 1 and chunks
+    return np.frombuffer(b"".join(c.audio for c in chunks), "<i2"), starts[0].rate
+
+
+@pytest.fixture(scope="module")
+def spoken_wav(tmp_path_factory) -> str:
+    path = tmp_path_factory.mktemp("wyoming") / "sentence.wav"
+    subprocess.run(["espeak-ng", "-v", "en-us", "-s", "150", "-w", str(path), SENTENCE], check=True)
+    return str(path)
+
+
+async def test_describe_sets_the_streaming_flags(assistant):
+    async with running(make_config(assistant), assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Describe().event())
+            info = Info.from_event((await read_until(client, "info"))[-1])
+    assert info.asr[0].supports_transcript_streaming
+    assert info.asr[0].models[0].name == assistant.config.models.stt
+    assert info.tts[0].supports_synthesize_streaming
+    assert info.tts[0].voices[0].name == assistant.config.models.tts
+    assert info.handle[0].supports_handled_streaming
+
+
+async def test_transcribe_a_wav_with_streaming_chunks(assistant, spoken_wav):
+    async with running(make_config(assistant), assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            arrived: list[tuple[float, Event]] = []
+
+            async def reader():
+                while (event := await client.read_event()) is not None:
+                    arrived.append((time.monotonic(), event))
+                    if event.type == "transcript-stop":
+                        return
+
+            reading = asyncio.create_task(reader())
+            await client.write_event(Transcribe(language="en").event())
+            with wave.open(spoken_wav, "rb") as wav:
+                rate = wav.getframerate()
+                chunk_samples = rate // 10
+                await client.write_event(AudioStart(rate=rate, width=2, channels=1).event())
+                for chunk in wav_to_chunks(wav, samples_per_chunk=chunk_samples):
+                    await client.write_event(chunk.event())
+                    await asyncio.sleep(0.1)      # real time: the words should stream before the audio ends
+            stop_sent = time.monotonic()
+            await client.write_event(AudioStop().event())
+            await asyncio.wait_for(reading, 60)
+
+    kinds = [e.type for _, e in arrived]
+    assert kinds[0] == "transcript-start" and kinds[-2:] == ["transcript", "transcript-stop"], kinds
+    chunks = [e.data["text"] for _, e in arrived if e.type == "transcript-chunk"]
+    early = [e for t, e in arrived if e.type == "transcript-chunk" and t < stop_sent]
+    assert early, f"no transcript-chunk arrived while the audio was still streaming: {kinds}"
+    text = Transcript.from_event(next(e for _, e in arrived if e.type == "transcript")).text
+    assert "".join(chunks).strip() == text
+    assert wer(SENTENCE, text) <= 0.3, text
+
+
+async def test_synthesize_audio_transcribes_back(assistant):
+    text = "The kitchen light is now on."
+    async with running(make_config(assistant), assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize(text).event())
+            events = await read_until(client, "audio-stop")
+    pcm, rate = pcm_of(events)
+    assert rate == assistant.tts_sample_rate
+    heard = await assistant.stt.transcribe(resample(pcm, rate, 16000))
+    assert wer(text, heard) <= 0.3, heard
+
+
+async def test_streaming_synthesis_speaks_each_sentence_once(assistant):
+    parts = ["Good morning. The weather", " is sunny today. Have", " a nice day."]
+    async with running(make_config(assistant), assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(SynthesizeStart().event())
+            for part in parts:
+                await client.write_event(SynthesizeChunk(part).event())
+            await client.write_event(Synthesize("".join(parts)).event())   # the compatibility copy: ignored
+            await client.write_event(SynthesizeStop().event())
+            events = await read_until(client, "synthesize-stopped")
+    kinds = [e.type for e in events]
+    assert kinds.count("audio-start") == 1 and kinds.count("audio-stop") == 1
+    assert kinds.index("audio-stop") < kinds.index("synthesize-stopped")
+    pcm, rate = pcm_of(events)
+    heard = await assistant.stt.transcribe(resample(pcm, rate, 16000))
+    assert wer("".join(parts), heard) <= 0.3, heard   # spoken once, not twice
+
+
+async def test_handle_streams_the_reply(assistant):
+    async with running(make_config(assistant), assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Transcript("What is the capital of France?").event())
+            events = await read_until(client, "handled-stop")
+    kinds = [e.type for e in events]
+    assert kinds[0] == "handled-start" and kinds[-2:] == ["handled", "handled-stop"]
+    chunks = [e.data["text"] for e in events if e.type == "handled-chunk"]
+    reply = Handled.from_event(events[-2]).text
+    assert chunks and reply.strip()
+    assert "".join(chunks).strip().startswith(reply.strip()[:10])
+
+
+async def test_bad_input_gets_error_events_and_others_keep_working(assistant):
+    config = make_config(assistant, server__max_message_bytes=64 * 1024, server__max_turn_audio_s=1.0)
+    async with running(config, assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as bystander, AsyncTcpClient("127.0.0.1", port) as client:
+            async def error_for(*events: Event) -> Error:
+                for event in events:
+                    await client.write_event(event)
+                return Error.from_event((await read_until(client, "error", timeout=30))[-1])
+
+            assert (await error_for(Event("launch-rockets"))).code == "unsupported"
+            assert (await error_for(AudioChunk(16000, 2, 1, b"\0" * 320).event())).code == "no_audio_start"
+            assert (await error_for(AudioStart(16000, 3, 1).event())).code == "bad_audio_format"
+            assert (await error_for(AudioStart(1234567, 2, 1).event())).code == "bad_audio_format"
+            assert (await error_for(Event("synthesize", {"text": 5}))).code == "bad_event"
+            assert (await error_for(Event("synthesize", {}))).code == "bad_event"
+            err = await error_for(AudioStart(16000, 2, 1).event(), AudioChunk(16000, 2, 1, b"\0" * 333).event())
+            assert err.code == "bad_audio_format" and "frames" in err.text
+            two_seconds = np.zeros(32000, np.int16).tobytes()
+            err = await error_for(AudioChunk(16000, 2, 1, two_seconds[:20000]).event(),
+                                  AudioChunk(16000, 2, 1, two_seconds[20000:]).event())
+            assert err.code == "audio_too_long" and "max_turn_audio_s" in err.text
+            # an oversized event: an error naming the limit, then this connection ends
+            err = await error_for(AudioChunk(16000, 2, 1, b"\0" * (128 * 1024)).event())
+            assert err.code == "message_too_big" and "max_message_bytes" in err.text
+            # the other client never noticed
+            await bystander.write_event(Describe().event())
+            assert (await read_until(bystander, "info"))[-1].type == "info"
+
+
+async def test_allow_list_and_exposure_rules(assistant):
+    exposed = assistant.config.model_copy(deep=True)
+    exposed.wyoming.host = "0.0.0.0"
+    with pytest.raises(ConfigError, match="allowed_clients"):
+        WyomingServer(exposed, assistant, None, None)
+    config = make_config(assistant, wyoming__allowed_clients=["10.1.2.0/24"], server__idle_timeout_s=1.0)
+    async with running(config, assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            err = Error.from_event((await read_until(client, "error", timeout=10))[-1])
+            assert err.code == "not_allowed" and "allowed_clients" in err.text
+            assert await client.read_event() is None
+
+
+async def test_idle_connections_are_closed(assistant):
+    config = make_config(assistant, server__idle_timeout_s=1.0)
+    async with running(config, assistant) as port:
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            err = Error.from_event((await read_until(client, "error", timeout=10))[-1])
+            assert err.code == "idle_timeout" and "idle_timeout_s" in err.text
+            assert await client.read_event() is None

@@ -1,0 +1,156 @@
+"""Home actions the LLM may ask for, written as markers in its reply: ``[ACTION <topic> <payload>]``.
+
+Why markers in the text and not a tool-calling API: the reply is spoken while it is generated, token by
+token, and small local models have no reliable tool-call format. A marker is one short line the model can
+copy from the system prompt; ``ActionParser`` cuts it out of the token stream before the text reaches TTS,
+holding back only the few characters that might still turn out to be a marker.
+
+Nothing the model writes is trusted: a request is ``allowed`` only when its topic is on the allow-list
+(``mqtt.allowed_actions``) and its payload is one of that topic's payloads. The payload published is the
+allow-list's own spelling (the model may write ``on`` for ``ON``). Everything else is refused with a reason.
+
+After a refused marker the rest of the reply is not spoken: small models confirm what they asked for
+("Done, the front door is unlocked") whether or not it happened. The user hears ``REFUSED_SPEECH`` instead.
+"""
+
+from __future__ import annotations
+
+from voice.events import ActionRequested
+
+KEYWORD = "ACTION"           # the marker is "[" + KEYWORD + whitespace + body + "]" (keyword in any case)
+MAX_BODY_CHARS = 200         # a marker body longer than this is not a marker the model meant: refused
+_QUOTES = "\"'`"
+REFUSED_SPEECH = " Sorry, I can't do that."
+
+
+def check_allowed(allowed: dict[str, list[str]]) -> None:
+    """Raise ValueError (naming the entry and the fix) when the allow-list cannot be used safely."""
+    for topic, payloads in allowed.items():
+        where = f"mqtt.allowed_actions[{topic!r}]"
+        if not topic or topic != topic.strip() or any(c in topic for c in "+#\0 ]") or len(topic) > 200:
+            raise ValueError(f"{where}: the topic must be a plain MQTT topic without spaces, wildcards (+ #) "
+                             "or ']'; fix: name the exact command topic, e.g. 'home/kitchen/light/set'")
+        if not payloads:
+            raise ValueError(f"{where}: no payloads listed; fix: list the allowed payloads, e.g. ['ON', 'OFF']")
+        for payload in payloads:
+            if not payload or payload != payload.strip() or "]" in payload or "\n" in payload:
+                raise ValueError(f"{where}: payload {payload!r} must be non-empty, without surrounding spaces, "
+                                 "newlines or ']'; fix: use a plain word such as 'ON'")
+
+
+def action_instructions(allowed: dict[str, list[str]]) -> str:
+    """Text appended to the system prompt: every command that exists, written out as the exact marker.
+
+    Why every marker in full (not "topic: payloads"): measured with Qwen2.5-Coder-1.5B, a list of topics
+    made the model drop the keyword and write "[home/kitchen/light/set ON]"; with whole markers to copy and
+    one example reply it wrote them exactly. The list is part of every prompt: keep the allow-list short."""
+    check_allowed(allowed)
+    lines = ["You can control devices in the home. To switch a device, put one of these commands in your reply, "
+             f"copied exactly, brackets and the word {KEYWORD} included:"]
+    for topic, payloads in allowed.items():
+        lines += [f"[{KEYWORD} {topic} {payload}]" for payload in payloads]
+    first_topic, first_payloads = next(iter(allowed.items()))
+    lines += [
+        "Then confirm in a few words. These are the only devices you can control: if the user asks for anything "
+        "else, write no command and say that you cannot do that.",
+        f'Example: user: "please turn the thing off" -> you: "[{KEYWORD} {first_topic} {first_payloads[-1]}] '
+        'Done, it is off."',
+    ]
+    return "\n".join(lines)
+
+
+class ActionParser:
+    """Streams reply text through; cuts out action markers and records them as ``requests``.
+
+    A character-by-character state machine, so the result never depends on how the stream was split:
+    ``text`` outside markers is passed on at once, ``[`` followed by a prefix of the keyword is held back
+    until it is decided, and a marker body is collected until its closing ``]``.
+    """
+
+    def __init__(self, allowed: dict[str, list[str]]) -> None:
+        check_allowed(allowed)
+        self.allowed = {topic: list(payloads) for topic, payloads in allowed.items()}
+        self.requests: list[ActionRequested] = []
+        self._held = ""            # "[" plus the keyword characters matched so far
+        self._body: str | None = None  # inside a marker: the characters after the keyword
+        self._muted = False        # a marker was refused: the rest of the reply is not spoken
+
+    def push(self, text: str) -> str:
+        """Feed reply text; returns the part that is safe to speak now."""
+        out: list[str] = []
+        for ch in text:
+            self._feed(ch, out)
+        return "".join(out)
+
+    def _speak(self, text: str, out: list[str]) -> None:
+        if not self._muted:
+            out.append(text)
+
+    def flush(self) -> str:
+        """End of the reply: a held "[" that never became a marker is text; an unclosed marker is refused."""
+        out: list[str] = []
+        self._speak(self._held, out)
+        self._held = ""
+        if self._body is not None:
+            self._refuse(*_split(self._body), "the action marker was not closed with ']'", out)
+            self._body = None
+        return "".join(out)
+
+    def _feed(self, ch: str, out: list[str]) -> None:
+        if self._body is not None:
+            if ch == "]":
+                body, self._body = self._body, None
+                self._decide(body, out)
+            elif ch == "\n":
+                body, self._body = self._body, None
+                self._refuse(*_split(body), "the action marker was not closed with ']' on its line", out)
+                self._speak(ch, out)
+            elif len(self._body) >= MAX_BODY_CHARS:
+                body, self._body = self._body, None
+                self._refuse(*_split(body), f"the action marker is longer than {MAX_BODY_CHARS} characters", out)
+            else:
+                self._body += ch
+            return
+        if not self._held:
+            if ch == "[":
+                self._held = ch
+            else:
+                self._speak(ch, out)
+            return
+        matched = len(self._held) - 1
+        if matched < len(KEYWORD) and ch.upper() == KEYWORD[matched]:
+            self._held += ch
+        elif matched == len(KEYWORD) and ch.isspace() and ch != "\n":
+            self._held, self._body = "", ""
+        else:  # not a marker after all: the held characters are plain text; look at ch afresh
+            self._speak(self._held, out)
+            self._held = ""
+            self._feed(ch, out)
+
+    def _decide(self, body: str, out: list[str]) -> None:
+        topic, payload = _split(body)
+        if not topic:
+            self._refuse(topic, payload, "the action marker names no topic", out)
+            return
+        if topic not in self.allowed:
+            self._refuse(topic, payload, f"topic {topic!r} is not on the allow-list (mqtt.allowed_actions)", out)
+            return
+        for allowed in self.allowed[topic]:
+            if payload.casefold() == allowed.casefold():
+                self.requests.append(ActionRequested(topic, allowed, True))
+                return
+        choices = ", ".join(repr(p) for p in self.allowed[topic])
+        self._refuse(topic, payload, f"payload {payload!r} is not allowed for {topic!r} (allowed: {choices})", out)
+
+    def _refuse(self, topic: str, payload: str, reason: str, out: list[str]) -> None:
+        self.requests.append(ActionRequested(topic, payload, False, reason))
+        self._speak(REFUSED_SPEECH, out)
+        self._muted = True
+
+
+def _split(body: str) -> tuple[str, str]:
+    """A marker body is "<topic> <payload>"; quotes the model may add around either are dropped."""
+    parts = body.split(None, 1)
+    topic = parts[0].strip(_QUOTES) if parts else ""
+    payload = parts[1].strip().strip(_QUOTES).strip() if len(parts) > 1 else ""
+    return topic, payload

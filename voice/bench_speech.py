@@ -1,0 +1,202 @@
+"""`specvoice bench speech`: how fast and how well the ears and the mouth work on this machine.
+
+STT: a set of utterances is generated with two synthesizers (espeak-ng and piper), each played in real time
+with silence around it through the ears (VAD -> streaming STT with partials), exactly as a microphone would
+deliver it. Reported: real-time factor of one whole-utterance Whisper pass, final-transcript latency after
+the endpoint and after the end of speech (which includes the endpointing wait), and word error rate.
+TTS: time to first audio for a short and a long fragment, and real-time factor, over a few repeats.
+Prints a table; writes JSON (default bench-results/speech.json).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import os
+import platform
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from audio.resample import resample
+from audio.wavfile import read_wav, write_wav
+from voice.models import resolve
+
+RATE = 16000
+# everyday assistant requests without numbers (Whisper writes "10" for "ten", which WER would count wrong)
+SENTENCES = [
+    "Turn on the lights in the kitchen.",
+    "What is the weather like today?",
+    "Please set a timer for the pasta.",
+    "Remind me to call my mother tomorrow morning.",
+    "How far is the moon from the earth?",
+    "Play some quiet music in the living room.",
+]
+SHORT_FRAGMENT = "Sure, the light is on."
+LONG_FRAGMENT = ("The kitchen light is on now, and the heating in the living room is set to a comfortable "
+                 "temperature for the rest of the evening, so you can relax and enjoy your dinner.")
+
+
+# ---- utterances and word error rate (also used by the tests) ---------------------------------------------
+
+@functools.lru_cache(maxsize=128)
+def espeak_utterance(text: str, rate: int = RATE, wpm: int = 150) -> np.ndarray:
+    """``text`` spoken by the espeak-ng command (22.05 kHz), resampled to ``rate``, int16 mono."""
+    if shutil.which("espeak-ng") is None:
+        raise RuntimeError("espeak-ng is not installed; fix: apt-get install espeak-ng")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "e.wav"
+        subprocess.run(["espeak-ng", "-v", "en-us", "-s", str(wpm), "-w", str(out), text], check=True,
+                       capture_output=True)
+        samples, src = read_wav(out)
+    return resample(samples, src, rate)
+
+
+@functools.lru_cache(maxsize=1)
+def _piper_voice(name: str = "piper-joe-medium"):
+    from piper import PiperVoice
+
+    return PiperVoice.load(str(resolve(name, "tts").path))
+
+
+@functools.lru_cache(maxsize=128)
+def piper_utterance(text: str, rate: int = RATE) -> np.ndarray:
+    """``text`` spoken by the bundled piper voice, resampled to ``rate``, int16 mono."""
+    voice = _piper_voice()
+    pcm = np.concatenate([c.audio_int16_array for c in voice.synthesize(text)])
+    return resample(pcm, voice.config.sample_rate, rate)
+
+
+def normalize_words(text: str) -> list[str]:
+    """Lower-case words without punctuation (hyphens split words, apostrophes stay)."""
+    return re.sub(r"[^a-z0-9' ]+", " ", text.lower().replace("-", " ")).split()
+
+
+def wer(reference: str, hypothesis: str) -> float:
+    """Word error rate: (substitutions + deletions + insertions) / reference words (Levenshtein on words)."""
+    ref, hyp = normalize_words(reference), normalize_words(hypothesis)
+    row = list(range(len(hyp) + 1))
+    for i, r in enumerate(ref, 1):
+        prev, row[0] = row[0], i
+        for j, h in enumerate(hyp, 1):
+            prev, row[j] = row[j], min(row[j] + 1, row[j - 1] + 1, prev + (r != h))
+    return row[len(hyp)] / max(1, len(ref))
+
+
+# ---- the benchmark ------------------------------------------------------------------------------------------
+
+def _pct(values: list[float], q: float) -> float:
+    return float(np.percentile(values, q)) if values else float("nan")
+
+
+async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
+    from audio.sources import WavSource
+    from voice.speech_cli import listen, make_vad
+    from voice.stt import SpeechToText
+
+    stt = SpeechToText(resolve(config.models.stt, "stt", config.models.cache_dir), config.stt)
+    await stt.transcribe(espeak_utterance("warm up"))  # first pass allocates; not part of the figures
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        items = [(g.__name__.split("_")[0], s, g(s)) for s in sentences for g in (espeak_utterance, piper_utterance)]
+        for voice, text, speech in tqdm(items, desc="stt", disable=None, leave=False):
+            t = time.perf_counter()
+            whole = await stt.transcribe(speech)
+            rtf = (time.perf_counter() - t) / (len(speech) / RATE)
+            path = Path(tmp) / "u.wav"
+            write_wav(path, np.concatenate([np.zeros(RATE * lead_ms // 1000, np.int16), speech]), RATE)
+            source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 300)
+            heard = [h async for h in listen(source, make_vad(config), stt, config.stt.partial_interval_ms / 1000)]
+            text_out = " ".join(h.text for h in heard)
+            last = heard[-1] if heard else None
+            rows.append({
+                "voice": voice, "reference": text, "audio_s": round(len(speech) / RATE, 3), "rtf": round(rtf, 3),
+                "whole_pass_text": whole, "streamed_text": text_out, "wer": round(wer(text, text_out), 3),
+                "utterances_heard": len(heard), "partials": sum(h.partials for h in heard),
+                "final_needed_a_pass": any(h.final_decoded for h in heard),
+                "final_after_endpoint_s": round(last.final_done - last.endpoint, 3) if last else None,
+                "final_after_speech_end_s": round(last.final_done - last.speech_end, 3) if last else None,
+            })
+    after_endpoint = [r["final_after_endpoint_s"] for r in rows if r["final_after_endpoint_s"] is not None]
+    after_end = [r["final_after_speech_end_s"] for r in rows if r["final_after_speech_end_s"] is not None]
+    refs = sum(len(normalize_words(r["reference"])) for r in rows)
+    return {
+        "model": config.models.stt, "compute_type": config.stt.compute_type, "threads": config.stt.threads,
+        "utterances": len(rows), "rtf_mean": round(float(np.mean([r["rtf"] for r in rows])), 3),
+        "final_after_endpoint_p50_s": round(_pct(after_endpoint, 50), 3),
+        "final_after_endpoint_p95_s": round(_pct(after_endpoint, 95), 3),
+        "final_after_speech_end_p50_s": round(_pct(after_end, 50), 3),
+        "final_after_speech_end_p95_s": round(_pct(after_end, 95), 3),
+        "wer": round(sum(r["wer"] * len(normalize_words(r["reference"])) for r in rows) / refs, 3),
+        "finals_without_a_new_pass": sum(not r["final_needed_a_pass"] for r in rows),
+        "endpoint_silence_ms": config.vad.end_silence_ms, "rows": rows,
+    }
+
+
+async def bench_tts(config, repeats: int) -> dict:
+    from voice.tts import TextToSpeech
+
+    tts = TextToSpeech(resolve(config.models.tts, "tts", config.models.cache_dir), config.tts)
+    async for _ in tts.stream("Warm up."):
+        pass
+    out = {"voice": config.models.tts, "sample_rate": tts.sample_rate}
+    for label, text in (("short", SHORT_FRAGMENT), ("long", LONG_FRAGMENT)):
+        firsts, rtfs = [], []
+        for _ in tqdm(range(repeats), desc=f"tts {label}", disable=None, leave=False):
+            t0 = time.perf_counter()
+            first, samples = None, 0
+            async for pcm in tts.stream(text):
+                first = first if first is not None else time.perf_counter() - t0
+                samples += len(pcm)
+            firsts.append(first)
+            rtfs.append((time.perf_counter() - t0) / (samples / tts.sample_rate))
+        out[label] = {"chars": len(text), "first_audio_p50_s": round(_pct(firsts, 50), 3),
+                      "first_audio_max_s": round(max(firsts), 3), "rtf_p50": round(_pct(rtfs, 50), 3)}
+    return out
+
+
+def _table(stt: dict, tts: dict) -> str:
+    lines = [f"STT {stt['model']} ({stt['compute_type']}, {stt['threads']} threads), {stt['utterances']} utterances "
+             f"(espeak-ng + piper), endpoint silence {stt['endpoint_silence_ms']} ms",
+             f"  {'real-time factor (one whole pass)':42s} {stt['rtf_mean']:8.3f}",
+             f"  {'final after endpoint p50 / p95 (s)':42s} {stt['final_after_endpoint_p50_s']:8.3f} / "
+             f"{stt['final_after_endpoint_p95_s']:.3f}",
+             f"  {'final after speech end p50 / p95 (s)':42s} {stt['final_after_speech_end_p50_s']:8.3f} / "
+             f"{stt['final_after_speech_end_p95_s']:.3f}",
+             f"  {'finals that reused the pause-time pass':42s} {stt['finals_without_a_new_pass']:8d} / {stt['utterances']}",
+             f"  {'word error rate':42s} {stt['wer']:8.3f}",
+             f"TTS {tts['voice']} ({tts['sample_rate']} Hz)"]
+    for label in ("short", "long"):
+        row = tts[label]
+        lines.append(f"  {label + ' fragment (' + str(row['chars']) + ' chars): first audio p50 (s)':42s} "
+                     f"{row['first_audio_p50_s']:8.3f}   real-time factor {row['rtf_p50']:.3f}")
+    return "\n".join(lines)
+
+
+def main(config, args, extra: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="specvoice bench speech")
+    parser.add_argument("--out", default="bench-results/speech.json", help="JSON results file")
+    parser.add_argument("--sentences", type=int, default=len(SENTENCES), help="how many test sentences (x2 voices)")
+    parser.add_argument("--repeats", type=int, default=5, help="TTS repeats per fragment")
+    opts = parser.parse_args(extra)
+    started = time.time()
+    load = os.getloadavg()[0]
+    stt = asyncio.run(bench_stt(config, SENTENCES[: max(1, opts.sentences)]))
+    tts = asyncio.run(bench_tts(config, max(1, opts.repeats)))
+    print(f"machine: {os.cpu_count()} CPUs, 1-minute load average at start {load:.1f} (other work slows every figure)")
+    print(_table(stt, tts))
+    result = {"machine": {"cpus": os.cpu_count(), "load_avg_at_start": round(load, 2), "python": platform.python_version()},
+              "started": started, "duration_s": round(time.time() - started, 1), "stt": stt, "tts": tts}
+    out = Path(opts.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=1))
+    print(f"wrote {out}")
+    return 0

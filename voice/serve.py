@@ -1,0 +1,143 @@
+"""``specvoice serve``: one process, models loaded once, many clients at the same time.
+
+What it runs on one event loop: the websocket API (voice/realtime_ws.py, an OpenAI Realtime subset), the
+Wyoming server (voice/wyoming_server.py), the MQTT bridge when ``mqtt.enabled``, Prometheus metrics at
+``/metrics`` on the websocket port, and systemd readiness/watchdog notifications. Every connection gets its own
+``Session`` (its own conversation); all sessions share the one ``Assistant``.
+
+Scheduling: the LLM runs on one worker thread, one model step at a time (llm/engine.py); steps of concurrent
+turns are queued in the order they are asked for, so on a CPU one generation runs at a time and every session
+keeps moving. STT passes are serialised the same way (voice/stt.py).
+
+Shutdown: SIGTERM (or SIGINT) stops the listeners, lets turns in progress finish for ``server.shutdown_grace_s``,
+cancels what is left (a cancelled turn is trimmed in its history like a barge-in), closes websockets with 1001
+and then unloads the models. Cancelling ``serve()`` does the same without the grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import sys
+
+from voice.config import Config, ConfigError
+from voice.sdnotify import notify, watchdog
+from voice.wyoming_server import is_loopback
+
+log = logging.getLogger("specvoice.serve")
+
+
+class SessionSlots:
+    """The ``server.max_sessions`` budget, shared by every transport (websocket and Wyoming connections)."""
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+
+    def acquire(self) -> bool:
+        if self.used >= self.limit:
+            return False
+        self.used += 1
+        return True
+
+    def release(self) -> None:
+        self.used = max(0, self.used - 1)
+
+
+def check_exposure(config: Config) -> None:
+    """Localhost by default; anything wider needs a token (websocket) or an allow-list (Wyoming)."""
+    s = config.server
+    if not is_loopback(s.host) and not s.token:
+        raise ConfigError(f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
+                          "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1")
+
+
+async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant=None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until ``stop`` is set (graceful: turns get ``server.shutdown_grace_s``) or until cancelled (no grace).
+
+    ``assistant``: an already loaded Assistant to share (tests); it is then left open. ``ready`` is set once
+    every listener accepts connections.
+    """
+    from voice.metrics import Metrics
+    from voice.realtime_ws import PATHS, RealtimeServer
+    from voice.wyoming_server import WyomingServer
+
+    check_exposure(config)
+    owned = assistant is None
+    if assistant is None:
+        from voice.assistant import Assistant
+
+        notify("STATUS=loading models")
+        assistant = await Assistant.load(config)
+    metrics = Metrics()
+    assistant.add_listener(metrics.on_event)
+    slots = SessionSlots(config.server.max_sessions)
+    websocket = RealtimeServer(config, assistant, metrics, slots)
+    wyoming = WyomingServer(config, assistant, metrics, slots) if config.wyoming.enabled else None
+    tasks: list[asyncio.Task] = []
+    metrics_http = None
+    graceful = False
+    try:
+        await websocket.start()
+        if wyoming is not None:
+            await wyoming.start()
+        if config.server.metrics_port is not None:
+            from prometheus_client import start_http_server
+
+            metrics_http = start_http_server(config.server.metrics_port, addr="127.0.0.1", registry=metrics.registry)
+        if config.mqtt.enabled:
+            from voice.mqtt_bridge import MqttBridge
+
+            tasks.append(asyncio.create_task(MqttBridge(config, assistant).run(), name="mqtt bridge"))
+        tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
+        where = [f"websocket ws://{config.server.host}:{websocket.port}{PATHS[0]} "
+                 f"(metrics http://{config.server.host}:{websocket.port}/metrics)"]
+        if wyoming is not None:
+            where.append(f"wyoming tcp://{config.wyoming.host}:{wyoming.port}")
+        if config.mqtt.enabled:
+            where.append(f"mqtt {config.mqtt.host}:{config.mqtt.port}")
+        notify("READY=1")
+        notify("STATUS=serving " + ", ".join(where))
+        log.info("serving", extra={"listeners": where})
+        print("specvoice serve: " + "; ".join(where), file=sys.stderr, flush=True)
+        if ready is not None:
+            ready.set()
+        if stop is None:
+            await asyncio.Event().wait()   # until cancelled
+        else:
+            await stop.wait()
+            graceful = True
+    finally:
+        notify("STOPPING=1")
+        grace = config.server.shutdown_grace_s if graceful else 0.0
+        await asyncio.gather(websocket.stop(grace), wyoming.stop(grace) if wyoming else asyncio.sleep(0),
+                             return_exceptions=True)
+        for task in tasks:
+            task.cancel()
+        for task, result in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True)):
+            if isinstance(result, Exception):
+                log.warning("background task failed", extra={"task": task.get_name(), "error": repr(result)})
+        if metrics_http is not None:
+            httpd, thread = metrics_http
+            httpd.shutdown()
+            httpd.server_close()
+            thread.join(timeout=2.0)
+        if owned:
+            await assistant.close()
+        log.info("stopped", extra={"graceful": graceful})
+
+
+async def _run(config: Config) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await serve(config, stop=stop)
+    return 0
+
+
+def main(config: Config, args, extra: list[str]) -> int:
+    """Entry point of ``specvoice serve`` (see voice/cli.py)."""
+    return asyncio.run(_run(config))

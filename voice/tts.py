@@ -1,0 +1,75 @@
+"""Incremental text-to-speech with piper: one text fragment in, int16 PCM chunks out as an async stream.
+
+Piper synthesizes a sentence at a time and cannot stop in the middle of one, so the caller keeps fragments
+short (voice.chunker) and cancellation happens between piper's sentence chunks: closing or cancelling the
+stream sets a flag the worker thread checks before it starts the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import numpy as np
+
+from voice.config import TTSConfig
+from voice.models import ModelError, Resolved
+
+
+class TextToSpeech:
+    """A loaded piper voice. ``sample_rate`` is the voice's rate (22050 Hz for joe-medium)."""
+
+    def __init__(self, resolved_voice: Resolved, settings: TTSConfig) -> None:
+        from piper import PiperVoice, SynthesisConfig
+
+        if resolved_voice.path is None:
+            raise ModelError(f"TTS voice {resolved_voice.name!r} must be a local piper .onnx file (hub voices are "
+                             f"not fetched); fix: set models.tts = 'piper-joe-medium' or a path to a .onnx voice")
+        path = Path(resolved_voice.path)
+        config = Path(str(path) + ".json")
+        if not config.exists():
+            raise ModelError(f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
+                             f"next to the .onnx file")
+        self.voice = PiperVoice.load(path, config_path=config)
+        self.sample_rate: int = self.voice.config.sample_rate
+        self.syn_config = SynthesisConfig(speaker_id=settings.speaker_id, length_scale=settings.length_scale)
+        self._lock = threading.Lock()  # one onnxruntime session: one synthesis at a time
+        self.chunks_made = 0  # piper sentence chunks synthesized (cancellation is visible in this count)
+
+    def synthesize(self, text: str, stop: threading.Event | None = None):
+        """Blocking generator of int16 chunks (one per piper sentence); stops early when ``stop`` is set."""
+        with self._lock:
+            for chunk in self.voice.synthesize(text, self.syn_config):
+                self.chunks_made += 1
+                if stop is not None and stop.is_set():
+                    return
+                yield chunk.audio_int16_array
+
+    async def stream(self, fragment: str) -> AsyncIterator[np.ndarray]:
+        """Synthesize ``fragment`` in a worker thread and yield its PCM chunks as they are ready."""
+        if not fragment.strip():
+            return
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[np.ndarray | BaseException | None] = asyncio.Queue()
+        stop = threading.Event()
+
+        def work() -> None:
+            try:
+                for pcm in self.synthesize(fragment, stop):
+                    loop.call_soon_threadsafe(queue.put_nowait, pcm)
+            except BaseException as exc:  # hand the error to the consumer instead of losing it in the thread
+                loop.call_soon_threadsafe(queue.put_nowait, exc)
+            finally:
+                loop.call_soon_threadsafe(queue.put_nowait, None)
+
+        worker = loop.run_in_executor(None, work)
+        try:
+            while (item := await queue.get()) is not None:
+                if isinstance(item, BaseException):
+                    raise item
+                yield item
+        finally:
+            stop.set()  # cancelled or closed early: the worker stops before its next sentence
+            worker.add_done_callback(lambda f: f.exception())  # never an "exception never retrieved" warning
