@@ -13,6 +13,7 @@ Prints a table, writes JSON (default bench-results/llm.json).
 from __future__ import annotations
 
 import argparse
+import asyncio
 import json
 import os
 import resource
@@ -25,6 +26,7 @@ from tqdm import tqdm
 
 from llm.engine import DecodeSettings, Engine
 from llm.models import load_causal_lm
+from llm.speculative import CachedLM
 
 SYSTEM = ("You are a helpful voice assistant. Answer in one to three short spoken sentences, "
           "with no lists, code or markdown.")
@@ -115,6 +117,7 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
     p.add_argument("--hf-ks", default="2,3", help="fixed draft lengths for transformers assisted generation")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference methods")
     p.add_argument("--only", default="", help="comma-separated method names to run (default: all)")
+    p.add_argument("--rounds", type=int, default=1, help="repeat the prompt set (the order rotates each time)")
     p.add_argument("--out", default="bench-results/llm.json")
     args = p.parse_args(argv)
 
@@ -158,29 +161,33 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
     results = {name: Result(name) for name, _ in methods}
     warm = prompts[0]
     engine.decode(warm, DecodeSettings(mode="target", max_new_tokens=4))  # first-call overheads, off the clock
-    with tqdm(total=len(prompts) * len(methods), desc="bench llm", unit="run", disable=None) as bar:
-        for i, prompt in enumerate(prompts):
-            reference = None
-            for name, how in methods:
-                bar.set_postfix_str(f"prompt {i + 1}: {name}")
-                res = results[name]
-                if isinstance(how, DecodeSettings):
-                    tokens, stats = engine.decode(prompt, how)
-                    seconds, ttft = stats.total_s, stats.ttft_s
-                    res.drafted += stats.drafted
-                    res.accepted += stats.accepted
-                    res.verify_calls += max(stats.target_calls - 1, 0)
-                    res.verify_tokens += max(stats.new_tokens - 1, 0)
-                else:
-                    tokens, seconds, ttft = _hf_generate(engine.target_model, prompt, n, engine.stop_ids, **how)
-                if reference is None:
-                    reference = tokens
-                res.tokens.append(tokens)
-                res.seconds.append(seconds)
-                res.ttft.append(ttft)
-                res.identical.append(tokens == reference)
-                res.peak_rss_gib = _peak_rss_gib()
-                bar.update(1)
+    order = list(range(len(methods)))
+    with tqdm(total=args.rounds * len(prompts) * len(methods), desc="bench llm", unit="run", disable=None) as bar:
+        for rnd in range(args.rounds):
+            for i, prompt in enumerate(prompts):
+                # rotate the order on every prompt, so no method always runs first (or right after another)
+                shift = (rnd * len(prompts) + i) % len(methods)
+                for m in order[shift:] + order[:shift]:
+                    name, how = methods[m]
+                    bar.set_postfix_str(f"prompt {i + 1}: {name}")
+                    res = results[name]
+                    if isinstance(how, DecodeSettings):
+                        tokens, stats = engine.decode(prompt, how)
+                        seconds, ttft = stats.total_s, stats.ttft_s
+                        res.drafted += stats.drafted
+                        res.accepted += stats.accepted
+                        res.verify_calls += max(stats.target_calls - 1, 0)
+                        res.verify_tokens += max(stats.new_tokens - 1, 0)
+                    else:
+                        tokens, seconds, ttft = _hf_generate(engine.target_model, prompt, n, engine.stop_ids, **how)
+                    res.tokens.append(tokens)
+                    res.seconds.append(seconds)
+                    res.ttft.append(ttft)
+                    res.peak_rss_gib = _peak_rss_gib()
+                    bar.update(1)
+    reference = results["target alone (ours)"].tokens
+    for res in results.values():
+        res.identical = [a == b for a, b in zip(res.tokens, reference)]
 
     base = results["target alone (ours)"].tokens_per_s
     rows = [r.row(base) for r in results.values()]
@@ -196,7 +203,16 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
                    "ours_vs_best_assisted": round(best_ours["tokens_per_s"] / best_hf["tokens_per_s"], 3)}
         print(f"\nbest ours: {best_ours['method']} {best_ours['speedup']:.2f}x vs target alone; "
               f"{summary['ours_vs_best_assisted']:.2f}x vs best transformers assisted ({best_hf['method']})")
+    divergences = _divergences(engine, prompts, results)
+    for d in divergences:
+        print(f"diverged: {d['method']}, prompt {d['prompt'] + 1}, token {d['position']}: target top-2 logit gap "
+              f"{d['top2_gap']:.4f} (target alone chose {d['target_token']}, this method {d['method_token']})")
+    turns = asyncio.run(_two_turns(engine))
+    print(f"conversation: turn 1 ttft {turns[0]['ttft_ms']:.0f} ms (prefill {turns[0]['prefill_tokens']} tokens), "
+          f"turn 2 ttft {turns[1]['ttft_ms']:.0f} ms (prefill {turns[1]['prefill_tokens']} of "
+          f"{turns[1]['prompt_tokens']} tokens; the rest came from the kept cache)")
     out = {
+        "divergences": divergences, "conversation_turns": turns,
         "meta": {"target": target, "draft": draft, "settings": settings, "max_new_tokens": n,
                  "prompts": PROMPTS[: args.prompts], "torch_threads": torch.get_num_threads(),
                  "load_average_before": load_before, "load_average_after": _load_average(),
@@ -209,6 +225,40 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}; load average before {load_before[0]:.2f}, after {_load_average()[0]:.2f}")
     return 0
+
+
+def _divergences(engine: Engine, prompts: list[list[int]], results: dict[str, Result]) -> list[dict]:
+    """Where a method's output first differs from the target alone, and how close the target's top two logits
+    were there (one target pass over the common prefix)."""
+    out = []
+    reference = results["target alone (ours)"].tokens
+    for name, res in results.items():
+        for i, tokens in enumerate(res.tokens):
+            ref = reference[i]
+            pos = next((j for j, (a, b) in enumerate(zip(ref, tokens)) if a != b), None)
+            if pos is None:
+                continue
+            with engine.lock:
+                logits = CachedLM(engine.target_model).logits(prompts[i % len(prompts)] + ref[:pos])[-1]
+            top = torch.topk(logits, 2).values
+            out.append({"method": name, "prompt": i % len(prompts), "position": pos,
+                        "top2_gap": round(float(top[0] - top[1]), 4), "target_token": ref[pos],
+                        "method_token": tokens[pos]})
+    return out
+
+
+async def _two_turns(engine: Engine) -> list[dict]:
+    """Time to first token of a first and a second turn of one conversation (the second reuses the caches)."""
+    conv = engine.conversation(SYSTEM)
+    turns = []
+    for text in ("What's a good name for a cat?", "And one for a dog?"):
+        settings = DecodeSettings(mode=engine.mode, max_new_tokens=12)
+        async for _ in conv.reply(text, settings):
+            pass
+        st = conv.last_stats
+        turns.append({"ttft_ms": round(st.ttft_s * 1000, 1), "prefill_tokens": st.prefill_tokens,
+                      "prompt_tokens": st.prompt_tokens})
+    return turns
 
 
 def _policy_state(engine: Engine) -> dict:

@@ -64,6 +64,9 @@ class DecodeSettings:
     @classmethod
     def from_config(cls, llm: dict) -> DecodeSettings:
         """From the config's llm section (as a dict); keys that are not decode settings are ignored."""
+        if llm.get("tree"):
+            raise ValueError("llm.tree = true: token-tree verification is not part of this decoder (a flat draft "
+                             "was kept, see llm/speculative.py); fix: set llm.tree = false")
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in llm.items() if k in names})
 

@@ -196,3 +196,28 @@ def test_incompatible_draft_is_refused_at_load():
         load_causal_lm("/nonexistent/model")
     with pytest.raises(ModelLoadError, match="offline"):
         load_causal_lm("hub:nobody/no-such-model")
+
+
+async def test_first_token_comes_from_the_target_before_the_draft_runs():
+    """First-token priority: when the first piece is emitted, the draft has not yet seen the new turn."""
+    model, tok = smollm_fp32()
+    engine = Engine(model, tok, model, mode="draft", settings=DecodeSettings(mode="draft", draft_length=2,
+                                                                              max_new_tokens=12))
+    conv = engine.conversation(SYSTEM)
+    await collect(conv, "Name a fruit.", engine.settings)
+    draft_before = conv.cached_tokens[1]
+    seen = []
+    async for e in conv.reply("Name a colour.", engine.settings):
+        seen.append(conv.cached_tokens)
+    assert seen[0][1] <= draft_before  # the draft's cache did not grow before the first emission
+    assert seen[0][0] > draft_before  # while the target had already prefilled the new turn
+    assert seen[-1][1] > draft_before  # later steps did draft
+    assert conv.last_stats.drafted > 0
+
+
+def test_settings_from_config_and_the_tree_flag():
+    settings = DecodeSettings.from_config({"mode": "ngram", "draft_length": 4, "max_new_tokens": 8, "device": "cpu",
+                                           "tree": False})
+    assert (settings.mode, settings.draft_length, settings.max_new_tokens) == ("ngram", 4, 8)
+    with pytest.raises(ValueError, match="llm.tree"):
+        DecodeSettings.from_config({"tree": True})

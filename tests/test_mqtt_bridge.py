@@ -268,11 +268,13 @@ async def test_allowed_actions_are_published_and_others_refused(assistant, broke
         assert "not on this bridge's mqtt.allowed_actions" in errors[2]["error"]
 
 
-def test_allow_list_may_not_reach_the_assistant_itself(assistant, broker):
+def test_unsafe_or_broken_settings_are_refused_at_start(assistant, broker):
     with pytest.raises(ValueError, match="would let the model command the assistant"):
         MqttBridge(bridge_config(assistant, broker, allowed_actions={"specvoice/say": ["hi"]}), assistant)
     with pytest.raises(ValueError, match="not a valid template"):
         MqttBridge(bridge_config(assistant, broker, events={"home/bell": "{name"}), assistant)
+    with pytest.raises(ValueError, match="mqtt.ca_file = '/nonexistent/ca.pem' does not exist; fix:"):
+        MqttBridge(bridge_config(assistant, broker, tls=True, ca_file="/nonexistent/ca.pem"), assistant)
 
 
 # ---- a broker restart, reconnection, credentials, the last will ------------------------------------------------

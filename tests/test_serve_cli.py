@@ -27,11 +27,14 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def test_exposed_bind_without_token_is_refused():
-    result = subprocess.run([*SPECVOICE, "-c", "configs/small.toml", "--set", "server.host=0.0.0.0", "serve"],
+@pytest.mark.parametrize("setting, fix", [("server.host=0.0.0.0", "server.token"),
+                                          ("wyoming.host=0.0.0.0", "wyoming.allowed_clients")])
+def test_exposed_bind_without_token_or_allow_list_is_refused(setting, fix):
+    """Refused before any model is loaded, with the key to set."""
+    result = subprocess.run([*SPECVOICE, "-c", "configs/small.toml", "--set", setting, "serve"],
                             cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert result.returncode == 2
-    assert "server.token" in result.stderr and "0.0.0.0" in result.stderr
+    assert fix in result.stderr and "0.0.0.0" in result.stderr
 
 
 async def test_sigterm_finishes_the_turn_then_exits_cleanly():

@@ -92,6 +92,10 @@ class Assistant:
     def add_listener(self, fn: Callable[[str, Event], None]) -> None:
         self._listeners.append(fn)
 
+    def remove_listener(self, fn: Callable[[str, Event], None]) -> None:
+        if fn in self._listeners:
+            self._listeners.remove(fn)
+
     def _broadcast(self, session_id: str, event: Event) -> None:
         for fn in self._listeners:
             try:

@@ -34,6 +34,7 @@ import string
 import time
 from collections import deque
 from dataclasses import dataclass, fields
+from pathlib import Path
 from typing import Any
 
 import aiomqtt
@@ -48,6 +49,7 @@ log = logging.getLogger("specvoice.mqtt")
 MAX_PAYLOAD_BYTES = 16 * 1024
 MAX_TEXT_CHARS = 1000
 PUBLISH_TIMEOUT_S = 10.0
+OUTBOX_LIMIT = 1000  # while the broker is away; beyond this the oldest messages are dropped (and logged)
 HA_TEXT_MAX = 255  # Home Assistant sensor states and text entities hold at most 255 characters
 
 
@@ -196,9 +198,14 @@ class MqttBridge:
             except ValueError as exc:
                 raise ValueError(f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template "
                                  f"({exc}); fix: write fields as {{name}} and a literal brace as {{{{ or }}}}")
+        for key in ("ca_file", "cert_file", "key_file"):
+            path = getattr(self.cfg, key)
+            if self.cfg.tls and path and not Path(path).expanduser().is_file():
+                raise ValueError(f"mqtt.{key} = {path!r} does not exist; fix: point it at a PEM file readable by "
+                                 "the service (or unset it)")
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
-        self._outbox: deque[Outgoing] = deque()
+        self._outbox: deque[Outgoing] = deque(maxlen=OUTBOX_LIMIT)
         self._outbox_changed = asyncio.Event()
         self._commands: asyncio.Queue[Command] = asyncio.Queue()
         self._session = None
@@ -207,7 +214,6 @@ class MqttBridge:
         self._audio_samples = 0
         self._state = State.IDLE
         self._tasks: set[asyncio.Task] = set()  # fire-and-forget tasks, kept alive until done
-        assistant.add_listener(self._on_event)
 
     # ---- connection ------------------------------------------------------------------------------------------
 
@@ -222,6 +228,7 @@ class MqttBridge:
             logger=logging.getLogger("specvoice.mqtt.paho"))
 
     async def run(self) -> None:
+        self.assistant.add_listener(self._on_event)
         self._session = self.assistant.session(self._on_session_event, sink=self.sink, name="mqtt")
         worker = asyncio.create_task(self._work(), name="mqtt commands")
         delay = self.cfg.reconnect_min_s
@@ -243,6 +250,7 @@ class MqttBridge:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.cfg.reconnect_max_s)
         finally:
+            self.assistant.remove_listener(self._on_event)
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
             await self._session.close()
@@ -306,11 +314,14 @@ class MqttBridge:
                 continue
             message = self._outbox[0]
             await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
-            self._outbox.popleft()
+            if self._outbox and self._outbox[0] is message:  # (a full outbox may have dropped it meanwhile)
+                self._outbox.popleft()
 
     def _send(self, topic: str, payload: str | dict, retain: bool = False) -> None:
         if isinstance(payload, dict):
             payload = json.dumps(payload, default=str)
+        if len(self._outbox) == OUTBOX_LIMIT:
+            log.warning("mqtt outbox full: dropping the oldest message", extra={"topic": self._outbox[0].topic})
         self._outbox.append(Outgoing(topic, payload, retain))
         self._outbox_changed.set()
 

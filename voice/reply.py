@@ -86,13 +86,16 @@ async def speak_reply(
                 text = piece if isinstance(piece, str) else piece.text
                 stamp = time.monotonic() if isinstance(piece, str) else piece.t
                 trace.mark("llm_first_token", stamp)
-                emit(ReplyTextDelta(text))
                 speakable = text_filter(text) if text_filter else text
+                if speakable:
+                    emit(ReplyTextDelta(speakable))  # clients see what is spoken, never action markers
                 outcome.text += speakable
                 for frag in chunker.push(speakable):
                     trace.mark("first_fragment", time.monotonic())
                     await fragments.put(frag)
             tail = text_flush() if text_flush else ""
+            if tail:
+                emit(ReplyTextDelta(tail))
             outcome.text += tail
             for frag in chunker.push(tail) + chunker.flush():
                 trace.mark("first_fragment", time.monotonic())

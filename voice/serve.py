@@ -23,7 +23,7 @@ import sys
 
 from voice.config import Config, ConfigError
 from voice.sdnotify import notify, watchdog
-from voice.wyoming_server import is_loopback
+from voice.wyoming_server import WyomingServer, is_loopback
 
 log = logging.getLogger("specvoice.serve")
 
@@ -51,6 +51,8 @@ def check_exposure(config: Config) -> None:
     if not is_loopback(s.host) and not s.token:
         raise ConfigError(f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
                           "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1")
+    if config.wyoming.enabled:
+        WyomingServer.check_config(config)
 
 
 async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant=None,
@@ -62,7 +64,6 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
     """
     from voice.metrics import Metrics
     from voice.realtime_ws import PATHS, RealtimeServer
-    from voice.wyoming_server import WyomingServer
 
     check_exposure(config)
     owned = assistant is None

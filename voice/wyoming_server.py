@@ -394,14 +394,7 @@ class WyomingServer:
     """The TCP listener (wyoming.server.AsyncTcpServer) plus what its handlers share."""
 
     def __init__(self, config: Config, assistant: Assistant, metrics: Metrics, slots: SessionSlots) -> None:
-        w = config.wyoming
-        if not is_loopback(w.host) and not w.allowed_clients:
-            raise ConfigError(f"wyoming.host = {w.host!r} exposes the Wyoming server, which has no authentication; "
-                              "fix: set wyoming.allowed_clients (e.g. ['192.168.1.0/24']) or bind to 127.0.0.1")
-        try:
-            self.networks = [ipaddress.ip_network(n, strict=False) for n in w.allowed_clients]
-        except ValueError as exc:
-            raise ConfigError(f"wyoming.allowed_clients: {exc}; fix: list IP addresses or networks") from None
+        self.networks = self.check_config(config)
         self.config = config
         self.assistant = assistant
         self.metrics = metrics
@@ -409,6 +402,18 @@ class WyomingServer:
         self.handlers: set[WyomingHandler] = set()
         self._tcp: AsyncTcpServer | None = None
         self._zeroconf = None
+
+    @staticmethod
+    def check_config(config: Config) -> list:
+        """The allow-list as networks; refuses an exposed bind without one (Wyoming has no authentication)."""
+        w = config.wyoming
+        if not is_loopback(w.host) and not w.allowed_clients:
+            raise ConfigError(f"wyoming.host = {w.host!r} exposes the Wyoming server, which has no authentication; "
+                              "fix: set wyoming.allowed_clients (e.g. ['192.168.1.0/24']) or bind to 127.0.0.1")
+        try:
+            return [ipaddress.ip_network(n, strict=False) for n in w.allowed_clients]
+        except ValueError as exc:
+            raise ConfigError(f"wyoming.allowed_clients: {exc}; fix: list IP addresses or networks") from None
 
     @property
     def port(self) -> int:
