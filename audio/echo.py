@@ -279,8 +279,8 @@ class PlaybackGate:
     the room's echo return loss, so the user must be clearly louder than the echo in some bands.
 
     ``update`` returns True when user speech is likely: more than ``share`` of the block's energy sits in
-    bands at least ``margin_db`` above what the playback explains (and above the noise floor), in two of the
-    last three blocks; it then holds for ``hold_ms``. With nothing played in the window it returns True: there
+    bands at least ``margin_db`` above what the playback explains, or in bands the playback left silent (in
+    both cases 10 dB above the noise floor), in two of the last three blocks; it then holds for ``hold_ms``. With nothing played in the window it returns True: there
     is nothing to explain, the VAD alone decides. ``mic_block`` is validated but the decision is about
     ``cleaned_block`` (pass the mic itself there when there is no canceller).
     """

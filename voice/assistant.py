@@ -148,7 +148,7 @@ class Session:
         if cfg.audio.echo != "off":
             from audio.echo import EchoSuppressor
 
-            self._echo = EchoSuppressor(MIC_RATE, mode=cfg.audio.echo)
+            self._echo = EchoSuppressor(MIC_RATE, mode=cfg.audio.echo, filter_ms=cfg.audio.echo_filter_ms)
 
     # ---- events and state ---------------------------------------------------------------------------------
 

@@ -98,6 +98,7 @@ class AudioConfig(_Section):
     output_device: str | int | None = None
     block_ms: int = Field(20, ge=5, le=200)
     echo: Literal["off", "gate", "cancel"] = "cancel"
+    echo_filter_ms: int = Field(200, ge=20, le=1000, description="longest speaker-to-mic delay the canceller covers")
 
 
 class BudgetConfig(_Section):
