@@ -284,15 +284,17 @@ class Conversation:
             ids = ids["input_ids"]
         return list(ids)
 
-    def _fit_history(self) -> list[int]:
-        """Drop the oldest exchanges (never the system prompt or the newest user turn) beyond history_tokens."""
-        prompt = self.prompt_ids()
-        first = 1 if self.messages and self.messages[0]["role"] == "system" else 0
-        while len(prompt) > self.history_tokens and len(self.messages) - first > 1:
-            drop = 2 if len(self.messages) - first > 2 else 1
-            del self.messages[first:first + drop]
-            prompt = self.prompt_ids()
-        return prompt
+    def _fit_history(self, messages: list[dict]) -> tuple[list[dict], list[int]]:
+        """The messages to keep and their prompt: the oldest exchanges (never the system prompt or the newest
+        user turn) are dropped while the prompt is longer than history_tokens."""
+        messages = list(messages)
+        prompt = self.prompt_ids(messages)
+        first = 1 if messages and messages[0]["role"] == "system" else 0
+        while len(prompt) > self.history_tokens and len(messages) - first > 1:
+            drop = 2 if len(messages) - first > 2 else 1
+            del messages[first:first + drop]
+            prompt = self.prompt_ids(messages)
+        return messages, prompt
 
     async def reply(self, user_text: str, settings: DecodeSettings | None = None) -> AsyncIterator[Emission]:
         """Add the user turn, stream the accepted reply, append it to the history when the stream ends."""
@@ -303,13 +305,13 @@ class Conversation:
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return  # defined result: no reply, and the conversation is left as it was
+        kept, prompt = self._fit_history(self.messages + [{"role": "user", "content": user_text}])
+        limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refused turn leaves no trace
         self._busy = True
-        self.messages.append({"role": "user", "content": user_text})
+        self.messages[:] = kept
         text = ""
         failed = False
         try:
-            prompt = self._fit_history()
-            limit = self.engine.check_prompt(prompt, settings)
             start = time.monotonic()
             gen, reused = await self.engine.run(self._start, prompt, _with_limit(settings, limit))
             tokens: list[int] = []

@@ -111,7 +111,6 @@ class Proposer(Protocol):
 class DraftModelProposer:
     """k tokens from a small model, each drawn from the draft's processed distribution (q is recorded exactly)."""
 
-    deterministic = False
 
     def __init__(self, lm: CachedLM):
         self.lm = lm
@@ -145,7 +144,6 @@ class NgramProposer:
     Deterministic (q is one-hot), free to run, and good at repeating names and phrases from the prompt.
     """
 
-    deterministic = True
 
     def __init__(self, max_n: int = 3, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n

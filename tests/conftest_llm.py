@@ -32,7 +32,6 @@ class ScriptedDraft:
     it makes the verifier accept exactly up to a chosen point, so every branch of verification runs.
     Deterministic, so its q is one-hot (Proposal.q = None), as for any deterministic draft."""
 
-    deterministic = True
 
     def __init__(self, prompt_len: int, script):
         self.prompt_len = prompt_len

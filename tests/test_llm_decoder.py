@@ -125,10 +125,10 @@ def test_smollm2_fp32_every_mode_matches_the_target_alone():
     engine = Engine(model, tok, model, mode="draft")  # SmolLM2 as its own draft: everything accepted
     for prompt in smollm_prompts(tok):
         reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                   max_new_tokens=32, do_sample=False)[0, len(prompt):].tolist()
-        for settings in (DecodeSettings(mode="target", max_new_tokens=32),
-                         DecodeSettings(mode="ngram", draft_length=4, max_new_tokens=32),
-                         DecodeSettings(mode="draft", draft_length=3, max_new_tokens=32)):
+                                   max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
+        for settings in (DecodeSettings(mode="target", max_new_tokens=24),
+                         DecodeSettings(mode="ngram", draft_length=4, max_new_tokens=24),
+                         DecodeSettings(mode="draft", draft_length=3, max_new_tokens=24)):
             tokens, stats = engine.decode(prompt, settings)
             assert tokens == reference, settings.mode
         assert stats.accepted == stats.drafted > 0
@@ -145,10 +145,10 @@ def test_smollm2_fp32_int8_reduced_vocab_draft_matches_the_target_alone():
     quantize_int8(draft)
     engine = Engine(model, tok, draft, mode="draft", draft_out_ids=out_ids)
     for prompt in smollm_prompts(tok):
-        reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=32))
-        tokens, stats = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=2, max_new_tokens=32))
+        reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=24))
+        tokens, stats = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=2, max_new_tokens=24))
         assert tokens == reference
         assert 0 < stats.accepted < stats.drafted  # partly right: a real draft, not a copy
         # adaptive may well decide not to draft here (this draft costs about what the target does): still exact
-        tokens, _ = engine.decode(prompt, DecodeSettings(mode="draft", draft_length="adaptive", max_new_tokens=32))
+        tokens, _ = engine.decode(prompt, DecodeSettings(mode="draft", draft_length="adaptive", max_new_tokens=24))
         assert tokens == reference

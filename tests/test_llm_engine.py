@@ -170,7 +170,7 @@ async def test_history_drops_the_oldest_turns_beyond_its_budget(engine):
 
 
 async def test_bad_input_gives_clear_errors_and_leaves_the_conversation_intact(engine):
-    conv = engine.conversation(SYSTEM)
+    conv = engine.conversation(SYSTEM, history_tokens=64)  # small: the refused turn would also drop old turns
     await collect(conv, "Hello!")
     messages, cached = copy.deepcopy(conv.messages), conv.cached_tokens
     with pytest.raises(ValueError, match="empty user text"):

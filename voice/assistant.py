@@ -35,6 +35,7 @@ from voice.reply import ReplyOutcome, StageError, speak_reply
 
 log = logging.getLogger("specvoice.assistant")
 MIC_RATE = 16000
+WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many seconds opens a turn
 PAUSE_DECODE_S = 0.12  # silence after speech that starts an early decode (see Session._watch_for_pause)
 
 
@@ -48,8 +49,9 @@ def decode_settings(config: Config, **overrides):
 class Assistant:
     """Every model, loaded once; many sessions share it (generation is serialised inside the engine)."""
 
-    def __init__(self, config: Config, engine, stt, tts, vad_path: str) -> None:
+    def __init__(self, config: Config, engine, stt, tts, vad_path: str, wake_dir: str | None = None) -> None:
         self.config = config
+        self.wake_dir = wake_dir
         self.engine = engine
         self.stt = stt
         self.tts = tts
@@ -80,9 +82,10 @@ class Assistant:
         stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt)
         tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts)
         vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""
+        wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path) if m.wake_word else None
         log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2), "target": m.target,
                                             "draft": draft, "stt": m.stt, "tts": m.tts})
-        return cls(config, engine, stt, tts, vad_path)
+        return cls(config, engine, stt, tts, vad_path, wake_dir)
 
     def session(self, on_event: EventHandler | None = None, *, sink=None, name: str = "") -> Session:
         session = Session(self, on_event or (lambda event: None), sink=sink, name=name)
@@ -144,6 +147,13 @@ class Session:
         self._manual_audio: list[np.ndarray] = []
         self._audio_clock: float | None = None  # monotonic time of the next pushed sample
         self._closed = False
+        # optional wake word: speech only opens a turn within a few seconds after it was heard
+        self._wake = None
+        self._awake_until = 0.0
+        if assistant.wake_dir:
+            from audio.wakeword import WakeWord
+
+            self._wake = WakeWord(cfg.models.wake_word, assistant.wake_dir)
         self._echo = None
         if cfg.audio.echo != "off":
             from audio.echo import EchoSuppressor
@@ -199,9 +209,16 @@ class Session:
         if not self.vad_enabled:
             self._manual_audio.append(samples.copy())
             return
-        events = self.vad.process(AudioChunk(samples, MIC_RATE, t))
+        chunk = AudioChunk(samples, MIC_RATE, t)
+        if self._wake is not None and self._wake.process(chunk):
+            self._awake_until = chunk.end_t + WAKE_WINDOW_S
+            log.info("wake word heard", extra={"session": self.id})
+        events = self.vad.process(chunk)
         started = False
         for event in events:
+            if event.kind == "speech_start" and self._wake is not None and event.t > self._awake_until \
+                    and not self.replying:
+                continue  # not addressed to us
             if event.kind == "speech_start":
                 await self._on_speech_start(event)
                 started = True
@@ -239,18 +256,21 @@ class Session:
     async def _partials(self, utterance) -> None:
         """Partial transcripts while the user speaks; one decode at a time, never blocking audio intake."""
         interval = self.config.stt.partial_interval_ms / 1000.0
-        last = None
+        last, wait = None, interval
         while True:
             try:
-                async with asyncio.timeout(interval):
+                async with asyncio.timeout(wait):
                     await self._pause_heard.wait()
             except TimeoutError:
                 pass
             self._pause_heard.clear()
             # shielded: a pass already running in the worker thread is finished and kept at speech end (the
             # final transcript then decodes only what that pass did not see), never thrown away
+            started = time.monotonic()
             self._partial_pass = asyncio.ensure_future(utterance.partial())
             text = await asyncio.shield(self._partial_pass)
+            # on a slow CPU back off, so partials never starve the final decode: at most half the time decoding
+            wait = max(interval, 2 * (time.monotonic() - started))
             if text and text != last:
                 last = text
                 self.emit(TranscriptPartial(text))

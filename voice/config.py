@@ -97,6 +97,8 @@ class AudioConfig(_Section):
     input_device: str | int | None = None
     output_device: str | int | None = None
     block_ms: int = Field(20, ge=5, le=200)
+    latency: Literal["low", "high"] | float = Field(
+        "high", description="device buffering (PortAudio 'low'/'high' or seconds); 'low' underflows on a busy CPU")
     echo: Literal["off", "gate", "cancel"] = "cancel"
     echo_filter_ms: int = Field(200, ge=20, le=1000, description="longest speaker-to-mic delay the canceller covers")
 

@@ -60,8 +60,9 @@ class StatusLine:
 async def desktop(config) -> int:
     print("loading models ...", flush=True)
     assistant = await Assistant.load(config)
-    sink = SpeakerSink(config.audio.output_device, assistant.tts_sample_rate, block_ms=config.audio.block_ms)
-    mic = MicSource(config.audio.input_device, block_ms=config.audio.block_ms, rate=MIC_RATE)
+    audio = config.audio
+    sink = SpeakerSink(audio.output_device, assistant.tts_sample_rate, block_ms=audio.block_ms, latency=audio.latency)
+    mic = MicSource(audio.input_device, block_ms=audio.block_ms, rate=MIC_RATE, latency=audio.latency)
     status = StatusLine()
     session = assistant.session(status, sink=sink, name="desktop")
     print("listening; speak, or Ctrl-C to quit", flush=True)

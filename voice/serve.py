@@ -55,6 +55,12 @@ def check_exposure(config: Config) -> None:
         WyomingServer.check_config(config)
 
 
+def _report_failure(task: asyncio.Task) -> None:
+    """A background service (MQTT bridge, watchdog) that dies says so at once; the other listeners go on."""
+    if not task.cancelled() and task.exception() is not None:
+        log.error("background task failed", extra={"task": task.get_name(), "error": repr(task.exception())})
+
+
 async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant=None,
                 stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (graceful: turns get ``server.shutdown_grace_s``) or until cancelled (no grace).
@@ -81,9 +87,13 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
     metrics_http = None
     graceful = False
     try:
-        await websocket.start()
-        if wyoming is not None:
-            await wyoming.start()
+        try:
+            await websocket.start()
+            if wyoming is not None:
+                await wyoming.start()
+        except OSError as exc:
+            raise ConfigError(f"cannot listen ({exc}); fix: choose a free server.port / wyoming.port or stop the "
+                              "process that holds it") from None
         if config.server.metrics_port is not None:
             from prometheus_client import start_http_server
 
@@ -93,6 +103,8 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
 
             tasks.append(asyncio.create_task(MqttBridge(config, assistant).run(), name="mqtt bridge"))
         tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
+        for task in tasks:
+            task.add_done_callback(_report_failure)
         where = [f"websocket ws://{config.server.host}:{websocket.port}{PATHS[0]} "
                  f"(metrics http://{config.server.host}:{websocket.port}/metrics)"]
         if wyoming is not None:
@@ -117,9 +129,7 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
                              return_exceptions=True)
         for task in tasks:
             task.cancel()
-        for task, result in zip(tasks, await asyncio.gather(*tasks, return_exceptions=True)):
-            if isinstance(result, Exception):
-                log.warning("background task failed", extra={"task": task.get_name(), "error": repr(result)})
+        await asyncio.gather(*tasks, return_exceptions=True)
         if metrics_http is not None:
             httpd, thread = metrics_http
             httpd.shutdown()

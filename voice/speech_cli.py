@@ -53,19 +53,23 @@ def make_vad(config) -> Vad:
 
 
 async def listen(source: AsyncIterator[AudioChunk], vad: Vad, stt: SpeechToText, partial_interval_s: float,
-                 on_partial: Callable[[str], None] | None = None) -> AsyncIterator[Heard]:
+                 on_partial: Callable[[str], None] | None = None, adaptive: bool = True) -> AsyncIterator[Heard]:
     """The ears: blocks -> VAD -> streaming STT. Partials are decoded in the background while audio keeps
-    arriving (at most one at a time): every ``partial_interval_s``, and at once when a pause begins (the
-    speculative pass that makes the final free when the pause turns out to be the end); each end of speech
-    yields the final transcript."""
+    arriving (at most one at a time): every ``partial_interval_s`` (longer when passes are slow), and at once
+    when a pause begins (the speculative pass that makes the final free when the pause turns out to be the
+    end); each end of speech yields the final transcript. ``adaptive=False`` keeps the fixed interval (for
+    comparisons)."""
     stream = None
     pending: asyncio.Task | None = None
     start_t = last_partial = 0.0
     partials = 0
+    pass_s = 0.0  # how long the last partial pass took
 
     async def partial(s) -> None:
-        nonlocal partials
+        nonlocal partials, pass_s
+        started = time.monotonic()
         text = await s.partial()
+        pass_s = time.monotonic() - started
         if text:
             partials += 1
             if on_partial is not None:
@@ -90,8 +94,10 @@ async def listen(source: AsyncIterator[AudioChunk], vad: Vad, stt: SpeechToText,
                 stream = None
         if stream is not None and (pending is None or pending.done()):
             pause = vad.pause_since
-            # a pass at the start of a pause usually sees all the speech, so the final needs no new pass
-            if chunk.end_t - last_partial >= partial_interval_s or (pause is not None and last_partial < pause):
+            # a pass at the start of a pause usually sees all the speech, so the final needs no new pass;
+            # regular passes keep the CPU at most half busy, so one is rarely still running when speech ends
+            interval = max(partial_interval_s, 2 * pass_s) if adaptive else partial_interval_s
+            if chunk.end_t - last_partial >= interval or (pause is not None and last_partial < pause):
                 last_partial = chunk.end_t
                 pending = asyncio.create_task(partial(stream))
     if pending is not None:
