@@ -287,3 +287,25 @@ async def test_fifty_turns_leak_no_task_or_thread(assistant):
     assert len(asyncio.all_tasks()) == tasks_before
     assert threading.active_count() <= threads_before
     await session.close()
+
+
+async def test_wake_word_gates_turns(assistant, speech):
+    from voice.models import resolve
+
+    config = assistant.config.model_copy(deep=True)
+    config.models.wake_word = "hey_jarvis"
+    woken = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path,
+                      str(resolve("hey_jarvis", "wake").path))
+    rec = Recorder()
+    session = woken.session(rec)
+    mic = Mic(session, speed=2.0)
+    await mic.play(speech("What time is it?"))
+    await mic.silence(1.0)
+    assert not rec.of(SpeechStarted), "speech without the wake word is not for us"
+    await mic.play(speech("Hey Jarvis!"))
+    await mic.play(speech("What time is it?"))
+    await mic.silence(1.0)
+    await rec.wait_for(lambda e: isinstance(e, TranscriptFinal))
+    assert rec.of(SpeechStarted)
+    await session.cancel()
+    await session.close()

@@ -236,3 +236,19 @@ async def test_idle_connections_are_closed(assistant):
             err = Error.from_event((await read_until(client, "error", timeout=10))[-1])
             assert err.code == "idle_timeout" and "idle_timeout_s" in err.text
             assert await client.read_event() is None
+
+
+async def test_client_gone_mid_request_leaks_no_session(assistant):
+    async with running(make_config(assistant), assistant) as port:
+        baseline = len(assistant._sessions)
+        client = AsyncTcpClient("127.0.0.1", port)
+        await client.connect()
+        await client.write_event(Transcript("Tell me a story about the sea.").event())
+        assert (await read_until(client, "handled-chunk"))[-1].type == "handled-chunk"
+        await client.disconnect()                      # gone in the middle of the reply
+        async with AsyncTcpClient("127.0.0.1", port) as other:
+            await other.write_event(Synthesize("Still here.").event())
+            assert (await read_until(other, "audio-stop"))[-1].type == "audio-stop"
+        async with asyncio.timeout(30):
+            while len(assistant._sessions) > baseline:
+                await asyncio.sleep(0.05)

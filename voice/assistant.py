@@ -210,10 +210,14 @@ class Session:
             self._manual_audio.append(samples.copy())
             return
         chunk = AudioChunk(samples, MIC_RATE, t)
-        if self._wake is not None and self._wake.process(chunk):
+        woke = self._wake is not None and self._wake.process(chunk)
+        if woke:
             self._awake_until = chunk.end_t + WAKE_WINDOW_S
             log.info("wake word heard", extra={"session": self.id})
         events = self.vad.process(chunk)
+        if woke and self.vad.speaking and self._utterance is None and not events:
+            # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
+            events = [VadEvent("speech_start", chunk.end_t, np.zeros(0, np.int16), decided_t=chunk.end_t)]
         started = False
         for event in events:
             if event.kind == "speech_start" and self._wake is not None and event.t > self._awake_until \
