@@ -25,6 +25,9 @@ from audio.frames import AudioChunk
 _HYSTERESIS = 0.15
 
 
+_RESYNC_S = 0.05
+
+
 @dataclass
 class VadEvent:
     kind: Literal["speech_start", "speech_end"]
@@ -125,8 +128,11 @@ class Vad:
         if chunk.sample_rate != self.rate:
             raise ValueError(f"VAD expects {self.rate} Hz audio (got {chunk.sample_rate}); fix: resample first")
         samples = np.asarray(chunk.samples, dtype=np.int16)
-        if self._pending_t is None or not len(self._pending):
-            self._pending_t = chunk.t
+        expected = None if self._pending_t is None else self._pending_t + len(self._pending) / self.rate
+        if expected is None or not len(self._pending) or abs(chunk.t - expected) > _RESYNC_S:
+            # a gap or a jump in the stream (a client that paused sending): re-anchor the leftover samples on
+            # the new chunk's clock, or every later event would drift by the gap
+            self._pending_t = chunk.t - len(self._pending) / self.rate
         self._pending = np.concatenate([self._pending, samples])
         self._history = np.concatenate([self._history, samples])[-self._history_max:]
         self._history_end_t = chunk.end_t

@@ -121,8 +121,8 @@ def check_compatible(target_tokenizer, draft_tokenizer) -> None:
 def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     """int8 weights for every Linear (torch dynamic quantization: int8 weights, fp32 activations).
 
-    Converted one decoder layer at a time, so the float32 copy that quantization needs exists for one layer
-    only (a whole fp32 copy of the 0.5B draft would add ~2 GiB to peak memory).
+    Converted one Linear at a time, so the float32 copy that quantization needs exists for one layer only
+    (a whole fp32 copy of the 0.5B draft would add ~2 GiB to peak memory).
     """
     from torch.ao.quantization import quantize_dynamic
 
@@ -167,6 +167,4 @@ def frequent_token_ids(tokenizer, n: int) -> torch.Tensor:
     vocab_size = len(tokenizer)
     special = [i for i in tokenizer.all_special_ids if i is not None and i < vocab_size]
     added = [i for i in tokenizer.get_added_vocab().values() if i < vocab_size]
-    keep = list(range(min(n, vocab_size)))
-    extra = sorted(set(special) | set(added) - set(keep))
-    return torch.tensor(sorted(set(keep) | set(extra)), dtype=torch.long)
+    return torch.tensor(sorted(set(range(min(n, vocab_size))) | set(special) | set(added)), dtype=torch.long)

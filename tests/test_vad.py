@@ -103,3 +103,18 @@ def test_reset_and_bad_input(silero_path, tmp_path):
         Vad(tmp_path / "missing.onnx")
     with pytest.raises(ValueError, match="unknown VAD engine"):
         Vad(None, engine="nope")
+
+
+def test_a_gap_in_the_stream_does_not_shift_later_events(silero_path):
+    """A client that stops sending for a while (websocket turns): events after the gap are on the new clock.
+    1600-sample chunks never divide into 512-sample windows, so leftover samples straddle the gap."""
+    vad = make("silero", silero_path, end_silence_ms=500)
+    speech = piper("What time is it?")
+    first = np.concatenate([silence(500), speech, silence(900)])
+    events = run_vad(vad, first, block=1600, t0=100.0)
+    gap_t0 = 100.0 + len(first) / 16000 + 5.0  # five seconds with no audio at all
+    second = np.concatenate([silence(500), speech, silence(900)])
+    later = run_vad(vad, second, block=1600, t0=gap_t0)
+    start, _ = voiced_bounds(second)
+    assert [e.kind for e in events + later] == ["speech_start", "speech_end"] * 2
+    assert later[0].t - gap_t0 == pytest.approx(start, abs=TOLERANCE)

@@ -58,6 +58,7 @@ class Assistant:
         self.vad_path = vad_path
         self.tts_sample_rate: int = tts.sample_rate
         self.stats = LatencyStats()
+        self._turn_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
         self._listeners: list[Callable[[str, Event], None]] = []
         self._sessions: set[Session] = set()
 
@@ -94,6 +95,16 @@ class Assistant:
 
     def add_listener(self, fn: Callable[[str, Event], None]) -> None:
         self._listeners.append(fn)
+
+    @property
+    def generation_turn(self) -> asyncio.Lock:
+        """One generation at a time, whole turns first come first served (asyncio.Lock wakes waiters in FIFO
+        order): on a CPU, interleaving the steps of eight replies makes all eight late instead of one.
+        One lock per event loop, so an Assistant can outlive a loop (tests, embedding)."""
+        loop = asyncio.get_running_loop()
+        if self._turn_lock is None or self._turn_lock[0] is not loop:
+            self._turn_lock = (loop, asyncio.Lock())
+        return self._turn_lock[1]
 
     def remove_listener(self, fn: Callable[[str, Event], None]) -> None:
         if fn in self._listeners:
@@ -400,10 +411,13 @@ class Session:
         interrupted = False
         error: StageError | None = None
         previous_last = self.history[-1] if self.history else None
+        turn = _Turn(self.assistant.generation_turn)
         try:
+            await turn.acquire()  # waiting for other sessions' turns is not counted against the turn timeout
             async with asyncio.timeout(self.config.dialog.turn_timeout_s):
                 await speak_reply(
-                    self.conversation.reply(text, self.decode), tts=self.assistant.tts if speak else None,
+                    _release_at_end(self.conversation.reply(text, self.decode), turn),
+                    tts=self.assistant.tts if speak else None,
                     chunker=self._chunker(), emit=self.emit, trace=trace, outcome=outcome,
                     sink=self.sink if speak else None,
                     text_filter=parser.push if parser else None, text_flush=parser.flush if parser else None,
@@ -414,6 +428,8 @@ class Session:
             error = exc
         except TimeoutError as exc:
             error = StageError("timeout", exc)
+        finally:
+            turn.release()
         trace.mark("turn_end", time.monotonic())
         heard = outcome.text.strip()
         if interrupted and speak:
@@ -468,3 +484,30 @@ class Session:
         await self._stop_partials()
         await self._barge_in()
         self.assistant._sessions.discard(self)
+
+
+
+class _Turn:
+    """This reply's hold on the shared generation lock; released exactly once, whichever path ends first."""
+
+    def __init__(self, lock: asyncio.Lock) -> None:
+        self.lock, self.held = lock, False
+
+    async def acquire(self) -> None:
+        await self.lock.acquire()
+        self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.held = False
+            self.lock.release()
+
+
+async def _release_at_end(pieces: AsyncIterator, turn: _Turn) -> AsyncIterator:
+    """Pass the decoder's stream through and free the generation turn as soon as generation ends (the rest of
+    the reply is only speech), or when the stream is closed early (barge-in, error)."""
+    try:
+        async for piece in pieces:
+            yield piece
+    finally:
+        turn.release()

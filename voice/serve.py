@@ -135,6 +135,7 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
             httpd.shutdown()
             httpd.server_close()
             thread.join(timeout=2.0)
+        assistant.remove_listener(metrics.on_event)
         if owned:
             await assistant.close()
         log.info("stopped", extra={"graceful": graceful})
