@@ -279,6 +279,8 @@ async def test_fifty_turns_leak_no_task_or_thread(assistant):
     session = assistant.session(None, sink=WavSink(None, assistant.tts_sample_rate, realtime=False))
     session.decode.max_new_tokens = 6
     await session.ask("Say one word.")  # warm up thread pools
+    gc.collect()  # objects left by earlier tests may schedule their own cleanup tasks: let them finish first
+    await asyncio.sleep(0.2)
     tasks_before = len(asyncio.all_tasks())
     threads_before = threading.active_count()
     for i in range(50):
