@@ -83,13 +83,26 @@ texts = st.lists(alphabet, max_size=80).map("".join)
 
 @settings(max_examples=300, deadline=None)
 @given(text=texts, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20),
-       first=st.integers(min_value=1, max_value=20), max_words=st.integers(min_value=4, max_value=12))
-def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, first, max_words):
+       first=st.integers(min_value=1, max_value=20), max_words=st.integers(min_value=4, max_value=12),
+       first_words=st.integers(min_value=0, max_value=6))
+def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, first, max_words, first_words):
     bounds = sorted({c % (len(text) + 1) for c in cuts})
     pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
-    whole = run([text], first_fragment_chars=first, max_fragment_words=max_words)
-    split = run(pieces, first_fragment_chars=first, max_fragment_words=max_words)
+    kw = dict(first_fragment_chars=first, max_fragment_words=max_words, first_fragment_words=first_words)
+    whole = run([text], **kw)
+    split = run(pieces, **kw)
     assert split == whole
     assert words_of(" ".join(split)) == words_of(text)  # nothing lost, nothing duplicated, order kept
     assert all(f and f == f.strip() for f in split)
     assert all(len(f.split()) <= max_words for f in split)
+
+
+def test_first_fragment_needs_no_punctuation_when_words_are_enough():
+    got = run(tokens("The capital of France is Paris. It is lovely."), first_fragment_chars=12,
+              first_fragment_words=4)
+    assert got == ["The capital of France", "is Paris. It is lovely."]  # a short sentence joins the next
+
+
+def test_word_cut_of_the_first_fragment_never_follows_a_number():
+    got = run(tokens("About 21 million people live there."), first_fragment_chars=5, first_fragment_words=2)
+    assert got[0] == "About 21 million"

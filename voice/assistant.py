@@ -396,7 +396,8 @@ class Session:
             self._set_state(State.IDLE)
 
     def _chunker(self) -> Chunker:
-        return Chunker(self.config.tts.first_fragment_chars, self.config.tts.max_fragment_words)
+        tts = self.config.tts
+        return Chunker(tts.first_fragment_chars, tts.max_fragment_words, first_fragment_words=tts.first_fragment_words)
 
     async def _reply(self, text: str, trace: LatencyTrace, *, speak: bool) -> TurnDone:
         self._set_state(State.THINKING)

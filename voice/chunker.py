@@ -8,7 +8,8 @@ on how the stream was split into pieces:
     a period after a known abbreviation or a single letter ("Dr.", "e.g.", "J.") is not a boundary;
     a line break is a sentence end;
   - the first fragment ends at the first boundary of any kind (. ! ? ; : ,) once it has
-    ``first_fragment_chars`` characters;
+    ``first_fragment_chars`` characters, or, when punctuation is slow to come, at the space after its
+    ``first_fragment_words``-th word (never right after a word with a digit: "21 | million" stays whole);
   - later fragments end at sentence ends (. ! ? ; :) once they have ``first_fragment_chars`` characters, and at
     commas once they have ``clause_words`` words;
   - any fragment is cut at a word boundary once it reaches ``max_fragment_words`` words.
@@ -29,8 +30,10 @@ _CLOSERS = "\"')]}’”»"
 class Chunker:
     """Feed text with ``push``; it returns the fragments that are complete; ``flush`` returns the rest."""
 
-    def __init__(self, first_fragment_chars: int = 12, max_fragment_words: int = 30, clause_words: int = 8) -> None:
+    def __init__(self, first_fragment_chars: int = 12, max_fragment_words: int = 30, clause_words: int = 8,
+                 first_fragment_words: int = 0) -> None:
         self.first_chars = first_fragment_chars
+        self.first_words = first_fragment_words  # 0: the first fragment waits for punctuation
         self.max_words = max_fragment_words
         self.clause_words = clause_words
         self._buf = ""  # text not yet emitted
@@ -58,14 +61,21 @@ class Chunker:
         lead = len(buf) - len(buf.lstrip())
         words = 0
         in_word = False
+        word_start = lead
         for i in range(lead, len(buf) - 1):  # the last character has no lookahead yet
             c = buf[i]
             if not c.isspace():
+                if not in_word:
+                    word_start = i
                 in_word = True
             elif in_word:
                 in_word = False
                 words += 1
                 if words >= self.max_words:
+                    return i
+                if (self.fragments_out == 0 and self.first_words and words >= self.first_words
+                        and i - lead >= self.first_chars and not buf[i + 1].isspace()
+                        and not any(ch.isdigit() for ch in buf[word_start:i])):
                     return i
             if c == "\n":
                 return i + 1

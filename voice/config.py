@@ -82,6 +82,8 @@ class TTSConfig(_Section):
     speaker_id: int | None = None
     length_scale: float = Field(1.0, gt=0.0)
     first_fragment_chars: int = Field(12, ge=1)
+    first_fragment_words: int = Field(4, ge=0, description="cut the first fragment after this many words if no "
+                                                            "punctuation came yet (0: wait for punctuation)")
     max_fragment_words: int = Field(30, ge=4)
 
 
