@@ -25,7 +25,7 @@ import torch
 
 from llm.models import (check_compatible, frequent_token_ids, load_causal_lm, load_tokenizer, quantize_int8,
                         reduce_vocab_head)
-from llm.speculative import (CachedLM, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer,
+from llm.speculative import (CachedLM, common_prefix, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer,
                              SamplingParams)
 
 log = logging.getLogger("specvoice.llm")
@@ -343,6 +343,24 @@ class Conversation:
             if not failed:
                 self.messages.append({"role": "assistant", "content": text})
             self._busy = False
+
+    async def warm(self) -> int:
+        """Prefill both caches with what every next prompt starts with (system prompt and history, up to the
+        next user message), so the next turn's time to first token pays only for the user's words. Returns the
+        number of tokens now cached. Safe to skip: it only moves work earlier."""
+        one = self.prompt_ids(self.messages + [{"role": "user", "content": "a"}])
+        two = self.prompt_ids(self.messages + [{"role": "user", "content": "b c"}])
+        prefix = one[:common_prefix(one, two)]
+        if len(prefix) < 2 or self._busy:
+            return 0
+
+        def prefill() -> int:
+            self._target.logits(prefix)
+            if self._draft is not None:
+                self._draft.logits(prefix)
+            return len(prefix)
+
+        return await self.engine.run(prefill)
 
     def _start(self, prompt: list[int], settings: DecodeSettings) -> tuple[Generation, int]:
         reused = self._target.keep_prefix_of(prompt)

@@ -67,6 +67,16 @@ async def test_second_turn_prefills_only_its_new_tokens_and_matches_a_fresh_cach
     assert fresh.last_stats.prefill_tokens == fresh.last_stats.prompt_tokens
 
 
+async def test_warm_prefills_the_system_prompt_and_changes_nothing_else(engine):
+    conv = engine.conversation(SYSTEM)
+    cached = await conv.warm()
+    assert cached > 5 and conv.cached_tokens[0] == cached
+    fresh = engine.conversation(SYSTEM)
+    warm_text = "".join(e.text for e in await collect(conv, "Name a colour."))
+    assert conv.last_stats.prefill_tokens == conv.last_stats.prompt_tokens - cached
+    assert warm_text == "".join(e.text for e in await collect(fresh, "Name a colour."))
+
+
 async def test_event_loop_keeps_running_while_the_model_computes(engine):
     conv = engine.conversation(SYSTEM)
     ticks = 0

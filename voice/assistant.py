@@ -39,6 +39,14 @@ WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many sec
 PAUSE_DECODE_S = 0.12  # silence after speech that starts an early decode (see Session._watch_for_pause)
 
 
+def _loop_running() -> bool:
+    try:
+        asyncio.get_running_loop()
+        return True
+    except RuntimeError:
+        return False
+
+
 def decode_settings(config: Config, **overrides):
     """The decoder settings for a turn, from ``config.llm`` (``overrides`` for benchmarks: mode="target")."""
     from llm.engine import DecodeSettings
@@ -142,6 +150,8 @@ class Session:
 
             self._system_prompt += "\n\n" + action_instructions(self._allowed)
         self.conversation = assistant.engine.conversation(self._system_prompt, cfg.dialog.history_tokens)
+        # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
+        self._warm_task = asyncio.create_task(self.conversation.warm()) if _loop_running() else None
         v = cfg.vad
         self.vad = Vad(assistant.vad_path, engine=v.engine, threshold=v.threshold, min_speech_ms=v.min_speech_ms,
                        end_silence_ms=v.end_silence_ms, preroll_ms=v.preroll_ms, sample_rate=MIC_RATE)
@@ -482,6 +492,9 @@ class Session:
         if self._closed:
             return
         self._closed = True
+        if self._warm_task is not None:
+            self._warm_task.cancel()
+            await asyncio.gather(self._warm_task, return_exceptions=True)
         await self._stop_partials()
         await self._barge_in()
         self.assistant._sessions.discard(self)

@@ -56,7 +56,8 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text")
     say.add_argument("-o", "--out", help="write a WAV instead of playing")
     sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
-    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON")
+    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)",
+                           add_help=False)  # --help goes on to the benchmark's own parser
     bench.add_argument("what", choices=["llm", "speech", "pipeline"])
     return p
 

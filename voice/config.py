@@ -50,7 +50,6 @@ class LLMConfig(_Section):
     max_draft_length: int = Field(6, ge=1, le=32)
     draft_quantize: Literal["none", "int8"] = "int8"
     draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
-    tree: bool = False
     max_new_tokens: int = Field(96, ge=1)
     temperature: float = Field(0.0, ge=0.0)
     top_k: int = Field(0, ge=0)
