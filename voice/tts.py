@@ -33,6 +33,15 @@ class TextToSpeech:
             raise ModelError(f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
                              f"next to the .onnx file")
         self.voice = PiperVoice.load(path, config_path=config)
+        # piper's default onnxruntime session keeps its idle threads spinning; while we speak, the LLM is still
+        # generating on the same cores, so synthesis gets threads that sleep when idle
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.add_session_config_entry("session.inter_op.allow_spinning", "0")
+        self.voice.session = onnxruntime.InferenceSession(str(path), sess_options=options,
+                                                          providers=["CPUExecutionProvider"])
         self.sample_rate: int = self.voice.config.sample_rate
         self.syn_config = SynthesisConfig(speaker_id=settings.speaker_id, length_scale=settings.length_scale)
         self._lock = threading.Lock()  # one onnxruntime session: one synthesis at a time
