@@ -306,25 +306,33 @@ class WyomingHandler(AsyncEventHandler):
         if start:
             await self.write_event(AudioStart(rate=rate, width=2, channels=1).event())
         if text:
-            task = asyncio.create_task(self.session().say(text))
-            try:
-                while not (task.done() and self._events.empty()):
-                    get = asyncio.create_task(self._events.get())
-                    await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-                    if not get.done():
-                        get.cancel()
-                        continue
-                    event = get.result()
-                    if isinstance(event, ReplyAudio):
-                        await self._write_audio(event.samples, event.sample_rate)
-            finally:
-                if not task.done():
-                    task.cancel()
-                await asyncio.gather(task, return_exceptions=True)
+            async def forward(event) -> None:
+                if isinstance(event, ReplyAudio):
+                    await self._write_audio(event.samples, event.sample_rate)
+
+            task = await self._run_forwarding(self.session().say(text), forward)
             if task.exception() is not None:
                 await self.error(f"speech synthesis failed: {task.exception()}", "tts_failed")
         if stop:
             await self.write_event(AudioStop().event())
+
+    async def _run_forwarding(self, work, forward) -> asyncio.Task:
+        """Run ``work`` (a session call) while handing the session's events to ``forward`` as they come, until
+        the work is done and every event it produced was forwarded. Returns the finished task."""
+        task = asyncio.create_task(work)
+        try:
+            while not (task.done() and self._events.empty()):
+                get = asyncio.create_task(self._events.get())
+                await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
+                if not get.done():
+                    get.cancel()
+                    continue
+                await forward(get.result())
+        finally:
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+        return task
 
     async def _write_audio(self, samples: np.ndarray, rate: int) -> None:
         for i in range(0, len(samples), CHUNK_SAMPLES):
@@ -358,21 +366,11 @@ class WyomingHandler(AsyncEventHandler):
             await self.write_event(NotHandled("I did not hear a question.").event())
             return
         await self.write_event(HandledStart().event())
-        task = asyncio.create_task(self.session().ask(text, speak=False))
-        try:
-            while not (task.done() and self._events.empty()):
-                get = asyncio.create_task(self._events.get())
-                await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    continue
-                event = get.result()
-                if isinstance(event, ReplyTextDelta) and event.text:
-                    await self.write_event(HandledChunk(event.text).event())
-        finally:
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+        async def forward(event) -> None:
+            if isinstance(event, ReplyTextDelta) and event.text:
+                await self.write_event(HandledChunk(event.text).event())
+
+        task = await self._run_forwarding(self.session().ask(text, speak=False), forward)
         if task.exception() is not None:
             await self.write_event(NotHandled(f"The assistant failed: {task.exception()}").event())
         else:
