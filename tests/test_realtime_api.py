@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 import numpy as np
 import pytest
+from broker import free_port
 import websockets
 from openai import AsyncOpenAI
 from openai.types.realtime import realtime_server_event
@@ -40,11 +41,6 @@ def assistant(small_config):
     config.llm.max_new_tokens = 32
     return Assistant.load_sync(config)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(assistant, **server) -> Any:

@@ -14,17 +14,13 @@ import tempfile
 from pathlib import Path
 
 import pytest
+from broker import free_port
 from openai import AsyncOpenAI
 from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parent.parent
 SPECVOICE = [sys.executable, "-m", "voice.cli"]
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.mark.parametrize("setting, fix", [("server.host=0.0.0.0", "server.token"),

@@ -11,13 +11,13 @@ import asyncio
 import base64
 import contextlib
 import json
-import socket
 import statistics
 import time
 
 import numpy as np
 import psutil
 import pytest
+from broker import free_port
 from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
@@ -31,11 +31,6 @@ QUESTIONS = ["What is the capital of France?", "How are you today?", "Tell me a 
 
 pytestmark = pytest.mark.big
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @contextlib.asynccontextmanager

@@ -5,21 +5,15 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import urllib.request
 
 import pytest
-from broker import Broker, Home
+from broker import free_port, Broker, Home
 from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
 from voice.serve import serve
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> str:

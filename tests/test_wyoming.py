@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import socket
 import subprocess
 import time
 import wave
 
 import numpy as np
 import pytest
+from broker import free_port
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop, wav_to_chunks
 from wyoming.client import AsyncTcpClient
@@ -40,11 +40,6 @@ def assistant(small_config):
     config.llm.max_new_tokens = 24
     return Assistant.load_sync(config)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def make_config(assistant, **limits):
