@@ -17,6 +17,7 @@ from typing import Any, get_args
 
 import numpy as np
 import pytest
+from serving import serving
 from broker import free_port
 import websockets
 from openai import AsyncOpenAI
@@ -54,19 +55,9 @@ def make_config(assistant, **server) -> Any:
 
 @contextlib.asynccontextmanager
 async def running(config, assistant):
-    """serve() in this process; yields the websocket base URL; stopped by cancelling, as a test would."""
-    ready = asyncio.Event()
-    task = asyncio.create_task(serve(config, ready=ready, assistant=assistant))
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()  # raises the startup error
-    assert ready.is_set(), "server did not start within 30 s"
-    try:
+    """serve() in this process; yields the websocket base URL."""
+    async with serving(config, assistant):
         yield f"ws://127.0.0.1:{config.server.port}/v1"
-    finally:
-        task.cancel()
-        await asyncio.gather(task, waiter, return_exceptions=True)
 
 
 def scrape(port: int) -> str:

@@ -17,12 +17,12 @@ import time
 import numpy as np
 import psutil
 import pytest
+from serving import serving
 from broker import free_port
 from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
 from voice.bench_speech import espeak_utterance
-from voice.serve import serve
 
 SESSIONS, TURNS = 8, 5
 WIRE = 24000
@@ -35,14 +35,8 @@ pytestmark = pytest.mark.big
 
 @contextlib.asynccontextmanager
 async def running(config, assistant):
-    ready = asyncio.Event()
-    task = asyncio.create_task(serve(config, ready=ready, assistant=assistant))
-    await asyncio.wait_for(ready.wait(), 30)
-    try:
+    async with serving(config, assistant):
         yield
-    finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -12,6 +12,7 @@ import wave
 
 import numpy as np
 import pytest
+from serving import serving
 from broker import free_port
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop, wav_to_chunks
@@ -26,7 +27,6 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.bench_speech import wer
 from voice.config import ConfigError
-from voice.serve import serve
 from voice.wyoming_server import WyomingServer
 
 # long enough (about 9 s) for several partial passes while it streams, even on a busy CPU
@@ -54,18 +54,9 @@ def make_config(assistant, **limits):
 
 @contextlib.asynccontextmanager
 async def running(config, assistant):
-    ready = asyncio.Event()
-    task = asyncio.create_task(serve(config, ready=ready, assistant=assistant))
-    waiter = asyncio.create_task(ready.wait())
-    await asyncio.wait({task, waiter}, timeout=30, return_when=asyncio.FIRST_COMPLETED)
-    if task.done():
-        task.result()
-    assert ready.is_set()
-    try:
+    """serve() in this process; yields the Wyoming port."""
+    async with serving(config, assistant):
         yield config.wyoming.port
-    finally:
-        task.cancel()
-        await asyncio.gather(task, waiter, return_exceptions=True)
 
 
 async def read_until(client, last: str, timeout: float = 120.0) -> list[Event]:
