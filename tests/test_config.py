@@ -111,3 +111,11 @@ def test_cli_config_show_prints_effective_values():
 def test_cli_broken_config_exit_code(tmp_path):
     result = cli("-c", str(write(tmp_path, "[llm]\nnope = 1\n")), "config", "show")
     assert result.returncode == 2 and "llm.nope" in result.stderr
+
+
+def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
+    bad = tmp_path / "question.wav"
+    bad.write_bytes(b"RIFF\x00\x00")
+    result = cli("-c", "configs/small.toml", "demo", "--in", str(bad), "--out", str(tmp_path / "a.wav"))
+    assert result.returncode == 2, result.stderr
+    assert "question.wav" in result.stderr and "Traceback" not in result.stderr

@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
     if extra and key not in ("bench llm", "bench speech", "bench pipeline"):
         print(f"specvoice: unknown arguments {' '.join(extra)}", file=sys.stderr)
         return 2
+    from audio.devices import DeviceError
+    from audio.wavfile import WavFormatError
     from voice.models import ModelError
 
     try:
@@ -143,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
             return _models(config, args)
         module, func = COMMANDS[key].split(":")
         return int(getattr(importlib.import_module(module), func)(config, args, extra) or 0)
-    except (ModelError, ConfigError) as exc:
+    except (ModelError, ConfigError, WavFormatError, DeviceError) as exc:
         print(f"specvoice: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
