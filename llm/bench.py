@@ -6,7 +6,8 @@ method on prompt 1, then every method on prompt 2, ... makes the drift hit all m
 
 Methods: the target alone (our loop, and transformers `generate`), transformers assisted generation (its
 default, and fixed draft lengths, with the plain bf16 draft as a transformers user would run it), and our
-decoder (fixed k, adaptive k, n-gram). Greedy, chat template, up to 96 new tokens.
+decoder (fixed k, adaptive k, token trees at fixed and adaptive depth, n-gram). Greedy, chat template, up to
+96 new tokens.
 Prints a table, writes JSON (default bench-results/llm.json).
 """
 
@@ -114,6 +115,9 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--ks", default="1,2,3", help="fixed draft lengths for our decoder")
+    p.add_argument("--tree-ks", default="2,3", help="fixed depths for our token-tree decoder")
+    p.add_argument("--tree-widths", default=str(settings.get("tree_width", 2)),
+                   help="candidates per depth for our token-tree decoder (default: llm.tree_width)")
     p.add_argument("--hf-ks", default="2,3", help="fixed draft lengths for transformers assisted generation")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference methods")
     p.add_argument("--only", default="", help="comma-separated method names to run (default: all)")
@@ -153,6 +157,13 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
             methods.append((f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n)))
         methods.append(("ours draft adaptive", DecodeSettings(mode="draft", draft_length="adaptive",
                                                               max_draft_length=max_k, max_new_tokens=n)))
+        for width in [int(x) for x in args.tree_widths.split(",") if x]:
+            for k in [int(x) for x in args.tree_ks.split(",") if x]:
+                methods.append((f"ours draft tree k={k} w={width}", DecodeSettings(
+                    mode="draft", draft_length=k, tree=True, tree_width=width, max_new_tokens=n)))
+            methods.append((f"ours draft tree adaptive w={width}", DecodeSettings(
+                mode="draft", draft_length="adaptive", max_draft_length=max_k, tree=True, tree_width=width,
+                max_new_tokens=n)))
     methods.append(("ours n-gram k=3", DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=n)))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
@@ -263,7 +274,7 @@ async def _two_turns(engine: Engine) -> list[dict]:
 
 def _policy_state(engine: Engine) -> dict:
     policy = engine.policies["draft"]
-    return {"alpha": round(policy.alpha, 3), "draft_step_s": policy.draft_s,
+    return {"alpha": round(policy.alpha, 3), "sibling_beta": round(policy.beta, 3), "draft_step_s": policy.draft_s,
             "verify_s": {str(k): round(v, 4) for k, v in sorted(policy.verify_s.items())}}
 
 

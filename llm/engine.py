@@ -50,6 +50,9 @@ class DecodeSettings:
     seed: int | None = None
     max_new_tokens: int = 96
     ngram_max: int = 3
+    tree: bool = False  # token-tree verification (mode draft): the draft's chain plus its next-best siblings
+    tree_width: int = 2  # candidates per depth in a tree: the chain token and tree_width - 1 alternatives
+    tree_nodes: int = 7  # most tree nodes per target pass: the verify cost is flat to ~6-8 fed tokens on a CPU
 
     def __post_init__(self) -> None:
         if self.mode not in ("draft", "ngram", "target"):
@@ -60,19 +63,23 @@ class DecodeSettings:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
             raise ValueError("need temperature >= 0, 0 < top_p <= 1 and top_k >= 0")
+        if self.tree_width < 1 or self.tree_nodes < 1:
+            raise ValueError(f"need tree_width >= 1 and tree_nodes >= 1, got {self.tree_width}, {self.tree_nodes}")
 
     @classmethod
     def from_config(cls, llm: dict) -> DecodeSettings:
         """From the config's llm section (as a dict); keys that are not decode settings are ignored."""
-        if llm.get("tree"):
-            raise ValueError("llm.tree = true: token-tree verification is not part of this decoder (a flat draft "
-                             "was kept, see llm/speculative.py); fix: set llm.tree = false")
         names = set(cls.__dataclass_fields__)
         return cls(**{k: v for k, v in llm.items() if k in names})
 
     @property
     def sampling(self) -> SamplingParams:
         return SamplingParams(self.temperature, self.top_k, self.top_p)
+
+    @property
+    def width(self) -> int:
+        """Candidates per depth the draft proposes: tree_width for a tree, 1 for a chain."""
+        return self.tree_width if self.tree and self.mode == "draft" else 1
 
 
 @dataclass
@@ -194,15 +201,17 @@ class Engine:
         if mode == "draft" and draft is None:
             raise ValueError("mode 'draft' needs a draft model, and this engine was loaded without one; "
                              "fix: use mode 'ngram' or 'target', or load the engine with a draft")
-        proposer = {"draft": lambda: DraftModelProposer(draft), "ngram": lambda: NgramProposer(settings.ngram_max),
-                    "target": lambda: None}[mode]()
+        width, max_nodes = settings.width, settings.tree_nodes
+        proposer = {"draft": lambda: DraftModelProposer(draft, width, max_nodes),
+                    "ngram": lambda: NgramProposer(settings.ngram_max), "target": lambda: None}[mode]()
         if settings.draft_length == "adaptive" and mode != "target" and settings.seed is None:
-            policy = self.policies[mode]
-            policy.max_k = settings.max_draft_length
+            policy = self.policies[mode]  # shared by chain and tree runs: the costs and alpha are the same
+            policy.max_k, policy.width, policy.max_nodes = settings.max_draft_length, width, max_nodes
         elif settings.draft_length == "adaptive":
             # a seeded run must be reproducible, and the adaptive length reads the clock (which changes how many
             # random numbers a step uses): use the length the policy's prior picks, which is fixed
-            k = DraftLengthPolicy(max_k=settings.max_draft_length).choose(settings.max_draft_length + 1)
+            k = DraftLengthPolicy(max_k=settings.max_draft_length, width=width, max_nodes=max_nodes
+                                  ).choose(settings.max_draft_length + 1)
             policy = DraftLengthPolicy(fixed=k, max_k=k)
         else:
             policy = DraftLengthPolicy(fixed=settings.draft_length, max_k=settings.draft_length)
@@ -270,6 +279,7 @@ class Conversation:
         self.messages: list[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self._target, self._draft = engine.new_caches()
         self._busy = False
+        self._before_turn: list[dict] | None = None  # the messages before the latest reply (forget_last_turn)
         self.last_stats: DecodeStats | None = None
 
     @property
@@ -308,6 +318,7 @@ class Conversation:
         kept, prompt = self._fit_history(self.messages + [{"role": "user", "content": user_text}])
         limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refused turn leaves no trace
         self._busy = True
+        self._before_turn = list(self.messages)
         self.messages[:] = kept
         text = ""
         failed = False
@@ -367,6 +378,17 @@ class Conversation:
         if self._draft is not None:
             self._draft.keep_prefix_of(prompt)
         return self.engine.generation(prompt, settings, self._target, self._draft), reused
+
+    def forget_last_turn(self) -> None:
+        """Undo the latest reply entirely (its user message too), as if it never happened: for a reply started
+        early on a guess of what the user said, when the guess turned out wrong. The caches need no work: the
+        next prompt no longer contains those tokens, so they fall outside the common prefix and are cropped."""
+        if self._busy:
+            raise RuntimeError("a reply is still streaming; fix: cancel it and wait for it to end first")
+        if self._before_turn is None:
+            raise ValueError("there is no reply to forget")
+        self.messages[:] = self._before_turn
+        self._before_turn = None
 
     def trim_last_reply(self, spoken_text: str) -> None:
         """Barge-in: the last assistant message becomes what the user heard, and the caches drop the rest.

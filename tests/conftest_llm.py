@@ -53,6 +53,22 @@ def smollm_fp32():
     return load_causal_lm(str(resolve("smollm2-135m-instruct", "llm").path), dtype="float32", threads=1)
 
 
+def smollm_with_cheap_draft():
+    """An Engine: SmolLM2 fp32 target, and as draft a genuinely different model with the same tokenizer (a copy
+    with int8 weights and an 8192-token head)."""
+    import copy
+
+    from llm.engine import Engine
+    from llm.models import frequent_token_ids, quantize_int8, reduce_vocab_head
+
+    model, tok = smollm_fp32()
+    draft = copy.deepcopy(model)
+    out_ids = frequent_token_ids(tok, 8192)
+    reduce_vocab_head(draft, out_ids)
+    quantize_int8(draft)
+    return Engine(model, tok, draft, mode="draft", draft_out_ids=out_ids)
+
+
 def chat_ids(tokenizer, user: str, system: str = "You are a helpful assistant. Answer briefly.") -> list[int]:
     ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
                                         add_generation_prompt=True, tokenize=True)

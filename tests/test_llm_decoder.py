@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
+from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 
 from llm.engine import DecodeSettings, Engine
-from llm.models import frequent_token_ids, quantize_int8, reduce_vocab_head
 from llm.speculative import (CachedLM, common_prefix, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer,
                              SamplingParams, verify)
 
@@ -136,15 +135,8 @@ def test_smollm2_fp32_every_mode_matches_the_target_alone():
 
 def test_smollm2_fp32_int8_reduced_vocab_draft_matches_the_target_alone():
     """A genuinely different draft with the same tokenizer: int8 weights and a 8192-token head."""
-    import copy
-
-    model, tok = smollm_fp32()
-    draft = copy.deepcopy(model)
-    out_ids = frequent_token_ids(tok, 8192)
-    reduce_vocab_head(draft, out_ids)
-    quantize_int8(draft)
-    engine = Engine(model, tok, draft, mode="draft", draft_out_ids=out_ids)
-    for prompt in smollm_prompts(tok):
+    engine = smollm_with_cheap_draft()
+    for prompt in smollm_prompts(engine.tokenizer):
         reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=24))
         tokens, stats = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=2, max_new_tokens=24))
         assert tokens == reference

@@ -229,5 +229,7 @@ def test_settings_from_config_and_the_tree_flag():
     settings = DecodeSettings.from_config({"mode": "ngram", "draft_length": 4, "max_new_tokens": 8, "device": "cpu",
                                            "tree": False})
     assert (settings.mode, settings.draft_length, settings.max_new_tokens) == ("ngram", 4, 8)
-    with pytest.raises(ValueError, match="llm.tree"):
-        DecodeSettings.from_config({"tree": True})
+    tree = DecodeSettings.from_config({"tree": True, "tree_width": 3})
+    assert (tree.tree, tree.tree_width, tree.width) == (True, 3, 3)
+    with pytest.raises(ValueError, match="tree_width"):
+        DecodeSettings.from_config({"tree": True, "tree_width": 0})

@@ -74,7 +74,8 @@ class Mic:
 
     def __init__(self, session, speed: float = 1.0) -> None:
         self.session, self.speed = session, speed
-        self.t = asyncio.get_running_loop().time()
+        self.loop = asyncio.get_running_loop()
+        self.t = self.start = self.loop.time()  # loop.time() is time.monotonic(): the session's clock
 
     async def play(self, samples: np.ndarray, reference=None) -> None:
         for i in range(0, len(samples), BLOCK):
@@ -84,7 +85,8 @@ class Mic:
             ref = None if reference is None else reference(self.t, len(block))
             await self.session.push_audio(block.astype(np.int16), self.t, reference=ref)
             self.t += BLOCK / MIC_RATE
-            await asyncio.sleep(BLOCK / MIC_RATE / self.speed)
+            # paced against the start time, so audio time never drifts behind the clock as the session works
+            await asyncio.sleep(max(0.0, self.start + (self.t - self.start) / self.speed - self.loop.time()))
 
     async def silence(self, seconds: float, reference=None) -> None:
         await self.play(np.zeros(int(seconds * MIC_RATE), np.int16), reference)
@@ -113,11 +115,64 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     for mark in ("speech_start", "speech_end", "endpoint", "stt_final", "llm_first_token", "first_fragment",
                  "tts_first_audio", "playback_start", "turn_end"):
         assert mark in marks, mark
-    order = [marks[m] for m in MARKS if m in marks]
+    early = done.trace.get("early_reply", False)  # a reply started on the pause may have its first token sooner
+    order = [marks[m] for m in MARKS if m in marks and not (early and m == "llm_first_token")]
     assert order == sorted(order), marks
+    assert marks["llm_first_token"] <= marks["first_fragment"] <= marks["tts_first_audio"]
     assert set(done.trace["stages_ms"]) >= {"voice_to_voice", "endpointing", "stt_final", "llm_first_token"}
     states = [e.state for e in rec.of(StateChanged)]
     assert states[:4] == [State.LISTENING, State.THINKING, State.SPEAKING, State.IDLE]
+    await session.close()
+    sink.close()
+
+
+@pytest.fixture
+def patient_assistant(assistant):
+    """The same loaded models, with an endpoint wait long enough that the pause transcript always comes first,
+    so a reply starts early (on the pause) every time."""
+    config = assistant.config.model_copy(deep=True)
+    config.vad.end_silence_ms = 1500
+    return Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+
+
+async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assistant, speech):
+    rec, sink = Recorder(), WavSink(None, patient_assistant.tts_sample_rate, realtime=False)
+    session = patient_assistant.session(rec, sink=sink)
+    mic = Mic(session)
+    await mic.play(speech("What is the capital of France?"))
+    await mic.silence(2.0)
+    done = await rec.turn_done()
+    assert session.early_replies == {"started": 1, "adopted": 1}
+    assert done.trace["early_reply"] is True and not done.interrupted and done.reply.strip()
+    marks = done.trace["marks_ms"]
+    # generation began before the VAD decided the turn was over, so the reply was under way at the endpoint
+    assert marks["llm_first_token"] < marks["endpoint"], marks
+    assert marks["endpoint"] <= marks["first_fragment"] <= marks["playback_start"], marks
+    turns = [(m["role"], m["content"]) for m in session.history if m["role"] != "system"]
+    assert turns == [("user", done.transcript), ("assistant", done.reply)]
+    await session.close()
+    sink.close()
+
+
+async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, speech):
+    rec, sink = Recorder(), WavSink(None, patient_assistant.tts_sample_rate, realtime=False)
+    session = patient_assistant.session(rec, sink=sink)
+    mic = Mic(session)
+    await mic.play(speech("What is the capital of France?"))
+    await mic.silence(1.0)  # a pause long enough for an early reply, shorter than the endpoint wait
+    assert session.early_replies["started"] == 1
+    await mic.play(speech("And what is the capital of Germany?"))
+    await mic.silence(2.0)
+    done = await rec.turn_done()
+    assert "germany" in done.transcript.lower() and "france" in done.transcript.lower()
+    assert session.early_replies["adopted"] == 1 and session.early_replies["started"] == 2
+    assert len(rec.of(TurnDone)) == 1 and not rec.of(TurnError), "the dropped guess never became a turn"
+    turns = [(m["role"], m["content"]) for m in session.history if m["role"] != "system"]
+    assert turns == [("user", done.transcript), ("assistant", done.reply)], "the guess left no trace in history"
+    # the next turn continues from exactly this history (the dropped reply's tokens were cropped from the caches)
+    second = await session.ask("Thank you.", speak=False)
+    assert second.reply.strip() and [m["role"] for m in session.history if m["role"] != "system"] == \
+        ["user", "assistant", "user", "assistant"]
     await session.close()
     sink.close()
 

@@ -164,6 +164,8 @@ class Session:
         # the final transcript is (nearly) ready when the VAD decides it, instead of starting then
         self._pause_heard = asyncio.Event()
         self._quiet_s = 0.0
+        self._early: _EarlyReply | None = None  # a reply started on the pause transcript (dialog.early_reply)
+        self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
         self._turn_task: asyncio.Task | None = None
         self._manual_audio: list[np.ndarray] = []
         self._audio_clock: float | None = None  # monotonic time of the next pushed sample
@@ -256,6 +258,8 @@ class Session:
     def _watch_for_pause(self, seconds: float) -> None:
         if self.vad.last_score >= self.config.vad.threshold - 0.15:
             self._quiet_s = 0.0
+            if self._early is not None:  # the user goes on: the early reply answered a question not yet asked
+                self._early.cancel()
             return
         before, self._quiet_s = self._quiet_s, self._quiet_s + seconds
         if before < PAUSE_DECODE_S <= self._quiet_s:
@@ -299,6 +303,29 @@ class Session:
             if text and text != last:
                 last = text
                 self.emit(TranscriptPartial(text))
+            if self._quiet_s >= PAUSE_DECODE_S and utterance.nothing_new():
+                await self._start_early(utterance.text)
+
+    async def _start_early(self, text: str) -> None:
+        """The user paused and the transcript covers all their speech: start the reply now, while the VAD still
+        waits to be sure the turn is over. Its tokens are held, not spoken, until the endpoint confirms the
+        same words (then the reply is already under way: the endpointing wait is hidden); if the user goes on,
+        or the final transcript differs, it is cancelled and forgotten."""
+        if not self.config.dialog.early_reply or not text.strip() or self.replying:
+            return
+        if self._early is not None:
+            if self._early.text == text and not self._early.cancelled:
+                return
+            await self._drop_early()
+        self._early = _EarlyReply(text, self)
+        self.early_replies["started"] += 1
+
+    async def _drop_early(self) -> None:
+        early = self._early
+        if early is not None:
+            await early.discard()
+            if self._early is early:
+                self._early = None
 
     async def _stop_partials(self) -> None:
         if self._partial_task is not None:
@@ -353,21 +380,29 @@ class Session:
 
     async def _voice_turn(self, utterance, trace: LatencyTrace) -> TurnDone | None:
         self._set_state(State.THINKING)
+        early, self._early = self._early, None  # a reply already started on the pause transcript, if any
         try:
             async with asyncio.timeout(self.config.dialog.stt_timeout_s):
                 text = (await utterance.final()).strip()
         except asyncio.CancelledError:  # barge-in before the transcript was ready: nothing was said back
+            if early is not None:
+                await early.discard()
             trace.mark("turn_end", time.monotonic())
             self.emit(TurnDone(trace.turn_id, utterance.text, "", True, trace.to_dict()))
             raise
         except Exception as exc:
+            if early is not None:
+                await early.discard()
             return self._fail(trace, "stt", exc)
         trace.mark("stt_final", time.monotonic())
         self.emit(TranscriptFinal(text))
+        if early is not None and (early.text.strip() != text or early.cancelled):
+            await early.discard()  # the guess was wrong: it is forgotten, and the real question answered
+            early = None
         if not text:
             self._set_state(State.IDLE)
             return None
-        return await self._reply(text, trace, speak=True)
+        return await self._reply(text, trace, speak=True, early=early)
 
     async def ask(self, text: str, *, speak: bool = True) -> TurnDone:
         """A text turn: the reply is generated (and spoken) with the same events as a voice turn."""
@@ -409,7 +444,8 @@ class Session:
         tts = self.config.tts
         return Chunker(tts.first_fragment_chars, tts.max_fragment_words, first_fragment_words=tts.first_fragment_words)
 
-    async def _reply(self, text: str, trace: LatencyTrace, *, speak: bool) -> TurnDone:
+    async def _reply(self, text: str, trace: LatencyTrace, *, speak: bool, early: _EarlyReply | None = None
+                     ) -> TurnDone:
         self._set_state(State.THINKING)
         parser = None
         if self._allowed:
@@ -421,13 +457,19 @@ class Session:
             self.sink.begin_utterance()
         interrupted = False
         error: StageError | None = None
-        previous_last = self.history[-1] if self.history else None
+        previous_last = early.previous_last if early is not None else (self.history[-1] if self.history else None)
         turn = _Turn(self.assistant.generation_turn)
         try:
-            await turn.acquire()  # waiting for other sessions' turns is not counted against the turn timeout
+            if early is not None:
+                trace.extra["early_reply"] = True
+                self.early_replies["adopted"] += 1
+                pieces = early.adopt()
+            else:
+                await turn.acquire()  # waiting for other sessions' turns is not counted against the turn timeout
+                pieces = _release_at_end(self.conversation.reply(text, self.decode), turn)
             async with asyncio.timeout(self.config.dialog.turn_timeout_s):
                 await speak_reply(
-                    _release_at_end(self.conversation.reply(text, self.decode), turn),
+                    pieces,
                     tts=self.assistant.tts if speak else None,
                     chunker=self._chunker(), emit=self.emit, trace=trace, outcome=outcome,
                     sink=self.sink if speak else None,
@@ -475,6 +517,7 @@ class Session:
 
     async def _barge_in(self) -> None:
         """Stop the reply in progress: cancel generation and TTS, flush audio, trim history (in ``_reply``)."""
+        await self._drop_early()
         task = self._turn_task
         if self.sink is not None:
             self.sink.flush()
@@ -515,6 +558,64 @@ class _Turn:
         if self.held:
             self.held = False
             self.lock.release()
+
+
+class _EarlyReply:
+    """A reply generated from the pause transcript before the endpoint. Its emissions wait in a queue until the
+    turn adopts it (``adopt``); if it is cancelled first, it makes the conversation forget it, in its own task,
+    so the history is clean however the cancel came about."""
+
+    def __init__(self, text: str, session: Session) -> None:
+        self.text = text
+        self.conversation = session.conversation
+        self.previous_last = session.history[-1] if session.history else None
+        self.cancelled = False
+        self._adopted = False
+        self._messages_before = list(session.history)
+        self._queue: asyncio.Queue = asyncio.Queue()  # Emission, then None at the end, or the exception raised
+        self._task = asyncio.create_task(self._generate(session))
+
+    async def _generate(self, session: Session) -> None:
+        turn = _Turn(session.assistant.generation_turn)
+        try:
+            await turn.acquire()
+            async for emission in _release_at_end(self.conversation.reply(self.text, session.decode), turn):
+                self._queue.put_nowait(emission)
+        except asyncio.CancelledError:
+            if not self._adopted and self.conversation.messages != self._messages_before:
+                self.conversation.forget_last_turn()  # the reply got as far as the history: take it back
+            raise
+        except Exception as exc:  # surfaces in the turn that adopts this reply
+            self._queue.put_nowait(exc)
+        finally:
+            turn.release()
+            self._queue.put_nowait(None)
+
+    def cancel(self) -> None:
+        if not self._adopted:
+            self.cancelled = True
+            self._task.cancel()
+
+    async def discard(self) -> None:
+        self.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+
+    def adopt(self) -> AsyncIterator:
+        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
+        early (barge-in) stops generation; the history is then trimmed like any interrupted reply."""
+        self._adopted = True
+        return self._pieces()
+
+    async def _pieces(self) -> AsyncIterator:
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
 
 
 async def _release_at_end(pieces: AsyncIterator, turn: _Turn) -> AsyncIterator:

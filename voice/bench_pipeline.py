@@ -57,7 +57,9 @@ async def bench(config, argv: list[str]) -> int:
             sink.close()
             if done is not None:
                 decoder = done.trace.get("decoder") or {}
-                rows[mode].append({"stages_ms": done.trace["stages_ms"], "reply": done.reply,
+                rows[mode].append({"stages_ms": done.trace["stages_ms"], "marks_ms": done.trace["marks_ms"],
+                                   "transcript": done.transcript, "reply": done.reply,
+                                   "early_reply": bool(done.trace.get("early_reply")),
                                    "tokens_per_s": decoder.get("tokens_per_s"), "ttft_s": decoder.get("ttft_s")})
     summary = {mode: {s: percentiles([r["stages_ms"][s] for r in rs if s in r["stages_ms"]]) for s in STAGES}
                for mode, rs in rows.items()}
@@ -68,6 +70,9 @@ async def bench(config, argv: list[str]) -> int:
         cells = "".join(f"{summary[m][stage].get('p50', float('nan')):20.0f}{summary[m][stage].get('p95', float('nan')):8.0f}"
                         for m in modes)
         print(f"{stage:18s}{cells}")
+    for mode, rs in rows.items():
+        print(f"{mode}: {sum(r['early_reply'] for r in rs)} of {len(rs)} replies started early (on the pause "
+              f"transcript, before the endpoint)")
     spec, base = summary["speculative"], summary["target alone"]
     for stage in ("voice_to_voice", "reply_total"):
         if spec[stage].get("p50") and base[stage].get("p50"):

@@ -34,7 +34,7 @@ class ModelsConfig(_Section):
 
     target: str = "qwen2.5-coder-1.5b-instruct"
     draft: str | None = None
-    stt: str = "whisper-base"
+    stt: str = "whisper-tiny.en"
     tts: str = "piper-joe-medium"
     vad: str = "silero-vad"
     wake_word: str | None = None
@@ -48,6 +48,8 @@ class LLMConfig(_Section):
     mode: Literal["draft", "ngram", "target"] = "draft"
     draft_length: int | Literal["adaptive"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
+    tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
+    tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
     draft_quantize: Literal["none", "int8"] = "int8"
     draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
     max_new_tokens: int = Field(96, ge=1)
@@ -66,6 +68,8 @@ class DialogConfig(_Section):
     history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
     stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
+    early_reply: bool = Field(True, description="start generating when the user pauses, before the endpoint; "
+                                                "spoken only if the final transcript is the same, else dropped")
 
 
 class STTConfig(_Section):
@@ -81,7 +85,7 @@ class TTSConfig(_Section):
     speaker_id: int | None = None
     length_scale: float = Field(1.0, gt=0.0)
     first_fragment_chars: int = Field(12, ge=1)
-    first_fragment_words: int = Field(4, ge=0, description="cut the first fragment after this many words if no "
+    first_fragment_words: int = Field(3, ge=0, description="cut the first fragment after this many words if no "
                                                             "punctuation came yet (0: wait for punctuation)")
     max_fragment_words: int = Field(30, ge=4)
 

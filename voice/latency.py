@@ -57,7 +57,9 @@ class LatencyTrace:
         for stage, (starts, end) in STAGES.items():
             start = next((s for s in starts if s in self.marks), None)
             if start is not None and end in self.marks:
-                out[stage] = round((self.marks[end] - self.marks[start]) * 1000.0, 1)
+                # a reply started early (on the pause transcript) can have its first token before the final
+                # transcript: that stage then cost no waiting at all, which is 0, not a negative time
+                out[stage] = round(max(0.0, self.marks[end] - self.marks[start]) * 1000.0, 1)
         return out
 
     def over_budget(self) -> list[str]:
@@ -66,7 +68,9 @@ class LatencyTrace:
 
     def in_order(self) -> bool:
         """True when the marks that are present follow the pipeline order (a sanity check for tests and logs)."""
-        present = [self.marks[m] for m in MARKS if m in self.marks and m != "turn_start"]
+        early = self.extra.get("early_reply", False)  # its first token may come before endpoint and stt_final
+        present = [self.marks[m] for m in MARKS
+                   if m in self.marks and m != "turn_start" and not (early and m == "llm_first_token")]
         return all(a <= b + 1e-6 for a, b in zip(present, present[1:]))
 
     def to_dict(self) -> dict[str, Any]:

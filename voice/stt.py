@@ -175,9 +175,9 @@ class StreamingTranscription:
         return [w for w in words if w.start >= edge]
 
     async def partial(self) -> str | None:
-        """Re-decode the buffer and return committed + tentative text; None when there is no new audio."""
-        if len(self._audio) - max(self._decoded_len, 0) < _MIN_NEW_S * RATE:
-            return None
+        """Re-decode the buffer and return committed + tentative text; None when there is no new speech."""
+        if len(self._audio) - max(self._decoded_len, 0) < _MIN_NEW_S * RATE or self.nothing_new():
+            return None  # too little new audio, or only silence since the last pass: decoding it changes nothing
         new = self._after_committed(await self._pass())
         if self._previous is not None:
             agree = 0
@@ -210,7 +210,7 @@ class StreamingTranscription:
         self._decoded_len = -1
         log.debug("trimmed stt buffer", extra={"at_s": cut_s})
 
-    def _nothing_new(self) -> bool:
+    def nothing_new(self) -> bool:
         """True when the last pass saw all the speech: no new audio, or only quiet audio (the endpointing
         silence the VAD waited for) since then."""
         if self._decoded_len < 0:
@@ -220,7 +220,7 @@ class StreamingTranscription:
 
     async def final(self) -> str:
         """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new)."""
-        self.final_decoded = not self._nothing_new()
+        self.final_decoded = not self.nothing_new()
         if self.final_decoded:
             self._previous = self._after_committed(await self._pass())
         return self.text
