@@ -110,15 +110,27 @@ def _load_average() -> list[float]:
     return list(os.getloadavg())
 
 
+def _positive_ints(text: str) -> list[int]:
+    """argparse type for "1,2,3": checked when the flags are read, before any model loads."""
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of positive integers (e.g. 2,3)")
+    return values
+
+
 def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench llm", description=__doc__.split("\n")[0])
     p.add_argument("--prompts", type=int, default=len(PROMPTS), help=f"how many of the {len(PROMPTS)} prompts")
     p.add_argument("--max-new-tokens", type=int, default=96)
-    p.add_argument("--ks", default="1,2,3", help="fixed draft lengths for our decoder")
-    p.add_argument("--tree-ks", default="2,3", help="fixed depths for our token-tree decoder")
-    p.add_argument("--tree-widths", default=str(settings.get("tree_width", 2)),
+    p.add_argument("--ks", type=_positive_ints, default="1,2,3", help="fixed draft lengths for our decoder")
+    p.add_argument("--tree-ks", type=_positive_ints, default="2,3", help="fixed depths for our token-tree decoder")
+    p.add_argument("--tree-widths", type=_positive_ints, default=str(settings.get("tree_width", 2)),
                    help="candidates per depth for our token-tree decoder (default: llm.tree_width)")
-    p.add_argument("--hf-ks", default="2,3", help="fixed draft lengths for transformers assisted generation")
+    p.add_argument("--hf-ks", type=_positive_ints, default="2,3",
+                   help="fixed draft lengths for transformers assisted generation")
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference methods")
     p.add_argument("--only", default="", help="comma-separated method names to run (default: all)")
     p.add_argument("--rounds", type=int, default=1, help="repeat the prompt set (the order rotates each time)")
@@ -148,17 +160,17 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict) -> 
         methods.append(("target alone (transformers generate)", {}))
     if hf_draft is not None:
         methods.append(("transformers assisted (default)", {"assistant_model": hf_draft}))
-        for k in [int(x) for x in args.hf_ks.split(",") if x]:
+        for k in args.hf_ks:
             methods.append((f"transformers assisted k={k}", {
                 "assistant_model": hf_draft, "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
                 "assistant_confidence_threshold": 0.0}))
     if draft:
-        for k in [int(x) for x in args.ks.split(",") if x]:
+        for k in args.ks:
             methods.append((f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n)))
         methods.append(("ours draft adaptive", DecodeSettings(mode="draft", draft_length="adaptive",
                                                               max_draft_length=max_k, max_new_tokens=n)))
-        for width in [int(x) for x in args.tree_widths.split(",") if x]:
-            for k in [int(x) for x in args.tree_ks.split(",") if x]:
+        for width in args.tree_widths:
+            for k in args.tree_ks:
                 methods.append((f"ours draft tree k={k} w={width}", DecodeSettings(
                     mode="draft", draft_length=k, tree=True, tree_width=width, max_new_tokens=n)))
             methods.append((f"ours draft tree adaptive w={width}", DecodeSettings(

@@ -5,7 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+from openai import AsyncOpenAI
+
 from voice.serve import serve
+
+
+def sdk(url: str, token: str = "unused") -> AsyncOpenAI:
+    """The OpenAI SDK pointed at our websocket endpoint (``ws://host:port/v1``)."""
+    return AsyncOpenAI(api_key=token, websocket_base_url=url, base_url=url.replace("ws://", "http://"))
 
 
 @contextlib.asynccontextmanager

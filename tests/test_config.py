@@ -119,3 +119,21 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
     result = cli("-c", "configs/small.toml", "demo", "--in", str(bad), "--out", str(tmp_path / "a.wav"))
     assert result.returncode == 2, result.stderr
     assert "question.wav" in result.stderr and "Traceback" not in result.stderr
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[llm]\ntree_width = 0\n", "llm.tree_width"),
+    ('[llm]\ntree = "sometimes"\n', "llm.tree"),
+    ('[dialog]\nearly_reply = "maybe"\n', "dialog.early_reply"),
+])
+def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, text), environ={})
+    assert key in str(err.value)
+
+
+@pytest.mark.parametrize("flag", ["--ks", "--tree-ks", "--tree-widths", "--hf-ks"])
+def test_bench_llm_bad_list_flag_is_refused_before_any_model_loads(flag):
+    result = cli("-c", "configs/small.toml", "bench", "llm", flag, "2,x")
+    assert result.returncode == 2 and flag in result.stderr and "positive integers" in result.stderr
+    assert "Traceback" not in result.stderr

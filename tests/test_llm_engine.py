@@ -77,6 +77,28 @@ async def test_warm_prefills_the_system_prompt_and_changes_nothing_else(engine):
     assert warm_text == "".join(e.text for e in await collect(fresh, "Name a colour."))
 
 
+async def test_forget_last_turn_undoes_a_reply_as_if_it_never_ran(engine):
+    conv = engine.conversation(SYSTEM)
+    with pytest.raises(ValueError, match="no reply to forget"):
+        conv.forget_last_turn()
+    await collect(conv, "Hello!")
+    before = copy.deepcopy(conv.messages)
+    stream = conv.reply("Name a fruit.", SETTINGS)
+    await stream.__anext__()
+    with pytest.raises(RuntimeError, match="still streaming"):
+        conv.forget_last_turn()
+    await stream.aclose()
+    conv.forget_last_turn()
+    assert conv.messages == before
+    with pytest.raises(ValueError, match="no reply to forget"):
+        conv.forget_last_turn()  # once only: the turn before is not undone by a second call
+    # the forgotten reply's tokens are still in the caches; the next turn must not see them
+    fresh = engine.conversation(SYSTEM)
+    await collect(fresh, "Hello!")
+    assert "".join(e.text for e in await collect(conv, "Name a colour.")) == \
+        "".join(e.text for e in await collect(fresh, "Name a colour."))
+
+
 async def test_event_loop_keeps_running_while_the_model_computes(engine):
     conv = engine.conversation(SYSTEM)
     ticks = 0

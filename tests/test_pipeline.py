@@ -92,6 +92,13 @@ class Mic:
         await self.play(np.zeros(int(seconds * MIC_RATE), np.int16), reference)
 
 
+def open_session(assistant) -> tuple[Recorder, WavSink, object, Mic]:
+    """A session that records its events and writes its answers to a WAV sink, with a Mic feeding it."""
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=False)
+    session = assistant.session(rec, sink=sink)
+    return rec, sink, session, Mic(session)
+
+
 def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
     segments, _ = assistant.stt.model.transcribe(resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768,
                                                  language="en", beam_size=1)
@@ -99,9 +106,7 @@ def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
 
 
 async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
-    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=False)
-    session = assistant.session(rec, sink=sink)
-    mic = Mic(session)
+    rec, sink, session, mic = open_session(assistant)
     await mic.play(speech("What is the capital of France, and when is the best time of the year to go there?"))
     await mic.silence(1.0)
     done = await rec.turn_done()
@@ -136,9 +141,7 @@ def patient_assistant(assistant):
 
 
 async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assistant, speech):
-    rec, sink = Recorder(), WavSink(None, patient_assistant.tts_sample_rate, realtime=False)
-    session = patient_assistant.session(rec, sink=sink)
-    mic = Mic(session)
+    rec, sink, session, mic = open_session(patient_assistant)
     await mic.play(speech("What is the capital of France?"))
     await mic.silence(2.0)
     done = await rec.turn_done()
@@ -155,9 +158,7 @@ async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assista
 
 
 async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, speech):
-    rec, sink = Recorder(), WavSink(None, patient_assistant.tts_sample_rate, realtime=False)
-    session = patient_assistant.session(rec, sink=sink)
-    mic = Mic(session)
+    rec, sink, session, mic = open_session(patient_assistant)
     await mic.play(speech("What is the capital of France?"))
     await mic.silence(1.0)  # a pause long enough for an early reply, shorter than the endpoint wait
     assert session.early_replies["started"] == 1

@@ -17,10 +17,9 @@ from typing import Any, get_args
 
 import numpy as np
 import pytest
-from serving import serving
+from serving import sdk, serving
 from broker import free_port
 import websockets
-from openai import AsyncOpenAI
 from openai.types.realtime import realtime_server_event
 from websockets.asyncio.client import connect
 from websockets.exceptions import ConnectionClosed
@@ -66,8 +65,11 @@ def scrape(port: int) -> str:
         return response.read().decode()
 
 
-def sdk(url: str, token: str = "unused"):
-    return AsyncOpenAI(api_key=token, websocket_base_url=url, base_url=url.replace("ws://", "http://"))
+async def ask_for_a_long_story(conn) -> None:
+    """A text question whose spoken answer lasts long enough to be interrupted."""
+    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
+        {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
+    await conn.response.create()
 
 
 async def events_until(conn, last: str, timeout: float = 150.0, *, validate: bool = True) -> list[dict]:
@@ -222,9 +224,7 @@ async def test_response_cancel_stops_the_turn_and_the_session_goes_on(assistant)
     async with running(config, assistant) as url:
         async with sdk(url).realtime.connect(model="smollm2") as conn:
             await events_until(conn, "session.created")
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
-            await conn.response.create()
+            await ask_for_a_long_story(conn)
             await events_until(conn, "response.output_audio_transcript.delta")
             await conn.response.cancel()
             events = await events_until(conn, "response.done")
@@ -392,9 +392,7 @@ async def test_speech_during_a_reply_is_a_barge_in(assistant):
     async with running(config, assistant) as url:
         async with sdk(url).realtime.connect(model="smollm2") as conn:
             await events_until(conn, "session.created")
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
-            await conn.response.create()
+            await ask_for_a_long_story(conn)
             first = await events_until(conn, "response.output_audio.delta")
             response_id = next(e for e in first if e["type"] == "response.created")["response"]["id"]
             await send_speech(conn, espeak_utterance("Stop. What is your name?", rate=WIRE))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 from broker import free_port
-from openai import AsyncOpenAI
+from serving import sdk
 from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,8 +55,7 @@ async def test_sigterm_finishes_the_turn_then_exits_cleanly():
             assert states[:2] == ["STATUS=loading models", "READY=1"] and states[2].startswith("STATUS=serving")
 
             url = f"ws://127.0.0.1:{port}/v1"
-            client = AsyncOpenAI(api_key="x", websocket_base_url=url, base_url=url.replace("ws", "http"))
-            async with client.realtime.connect(model="smollm2") as conn:
+            async with sdk(url).realtime.connect(model="smollm2") as conn:
                 assert json.loads(await conn.recv_bytes())["type"] == "session.created"
                 await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
                     {"type": "input_text", "text": "Tell me about the moon."}]})

@@ -9,7 +9,7 @@ import urllib.request
 
 import pytest
 from broker import free_port, Broker, Home
-from openai import AsyncOpenAI
+from serving import sdk
 
 from voice.assistant import Assistant
 from voice.serve import serve
@@ -42,8 +42,7 @@ async def test_mqtt_and_websocket_served_together(assistant, tmp_path):
             await asyncio.wait_for(ready.wait(), 30)
             assert await home.wait_for("specvoice/availability", lambda text: text == "online") == "online"
             url = f"ws://127.0.0.1:{config.server.port}/v1"
-            client = AsyncOpenAI(api_key="x", websocket_base_url=url, base_url=url.replace("ws", "http"))
-            async with client.realtime.connect(model="smollm2") as conn:
+            async with sdk(url).realtime.connect(model="smollm2") as conn:
                 assert json.loads(await conn.recv_bytes())["type"] == "session.created"
                 await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
                     {"type": "input_text", "text": "Hello, who are you?"}]})

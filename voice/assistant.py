@@ -543,7 +543,6 @@ class Session:
         self.assistant._sessions.discard(self)
 
 
-
 class _Turn:
     """This reply's hold on the shared generation lock; released exactly once, whichever path ends first."""
 
