@@ -78,6 +78,14 @@ def test_missing_voice_config_is_a_clear_error(tmp_path, small_config):
         TextToSpeech(Resolved("v", "tts", "path", path=onnx), small_config.tts)
 
 
+def test_broken_voice_config_is_a_clear_error(tmp_path, small_config):
+    onnx = tmp_path / "voice.onnx"
+    onnx.write_bytes(b"x")
+    (tmp_path / "voice.onnx.json").write_text('{"audio": ')
+    with pytest.raises(ModelError, match=r"voice.onnx.json is unreadable.*fix"):
+        TextToSpeech(Resolved("v", "tts", "path", path=onnx), small_config.tts)
+
+
 def test_say_and_transcribe_commands_round_trip(tmp_path, capsys):
     from voice.cli import main
 

@@ -8,6 +8,7 @@ stream sets a flag the worker thread checks before it starts the next one.
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,16 +33,21 @@ class TextToSpeech:
         if not config.exists():
             raise ModelError(f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
                              f"next to the .onnx file")
-        self.voice = PiperVoice.load(path, config_path=config)
-        # piper's default onnxruntime session keeps its idle threads spinning; while we speak, the LLM is still
-        # generating on the same cores, so synthesis gets threads that sleep when idle
+        # our own onnxruntime session rather than PiperVoice.load's: piper's keeps its idle threads spinning, and
+        # while we speak the LLM is still generating on the same cores, so synthesis gets threads that sleep
         import onnxruntime
+        from piper.config import PiperConfig
 
+        try:
+            voice_config = PiperConfig.from_dict(json.loads(config.read_text()))
+        except (ValueError, KeyError) as exc:
+            raise ModelError(f"piper voice config {config} is unreadable ({type(exc).__name__}: {exc}); fix: "
+                             f"restore the voice's .onnx.json (`specvoice models verify --repair`)") from None
         options = onnxruntime.SessionOptions()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")
-        self.voice.session = onnxruntime.InferenceSession(str(path), sess_options=options,
-                                                          providers=["CPUExecutionProvider"])
+        session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+        self.voice = PiperVoice(session=session, config=voice_config)
         self.sample_rate: int = self.voice.config.sample_rate
         self.syn_config = SynthesisConfig(speaker_id=settings.speaker_id, length_scale=settings.length_scale)
         self._lock = threading.Lock()  # one onnxruntime session: one synthesis at a time
