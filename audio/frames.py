@@ -6,6 +6,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
+# The rate of the ears: VAD, wake word, echo canceller and Whisper all take 16 kHz mono int16. One constant,
+# so every converter and buffer agrees on it.
+SPEECH_RATE = 16000
+
 
 @dataclass
 class AudioChunk:

@@ -1,6 +1,6 @@
 """Test utterances made at test time with espeak-ng and piper, known speech boundaries, and WER.
 
-The generators and WER live in voice.bench_speech (the benchmark uses the same set); this module adds what
+The generators and WER live in voice.speechset (the benchmarks use the same set); this module adds what
 only tests need. Everything is 16 kHz int16 mono.
 """
 
@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from voice.bench_speech import SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
+from voice.speechset import SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
 
 RATE = 16000
 __all__ = ["SENTENCES", "espeak", "piper", "normalize_words", "wer", "silence", "voiced_bounds", "trimmed"]

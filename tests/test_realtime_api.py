@@ -26,7 +26,7 @@ from websockets.exceptions import ConnectionClosed
 
 from audio.resample import resample
 from voice.assistant import Assistant
-from voice.bench_speech import espeak_utterance, wer
+from voice.speechset import espeak_utterance, wer
 from voice.config import ConfigError
 from voice.serve import serve
 

@@ -22,7 +22,7 @@ from broker import free_port
 from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
-from voice.bench_speech import espeak_utterance
+from voice.speechset import espeak_utterance
 
 SESSIONS, TURNS = 8, 5
 WIRE = 24000

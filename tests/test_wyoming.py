@@ -25,7 +25,7 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 
 from audio.resample import resample
 from voice.assistant import Assistant
-from voice.bench_speech import wer
+from voice.speechset import wer
 from voice.config import ConfigError
 from voice.wyoming_server import WyomingServer
 
