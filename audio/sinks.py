@@ -23,6 +23,9 @@ from audio.wavfile import write_wav
 
 @runtime_checkable
 class AudioSink(Protocol):
+    """Where a reply's audio goes. Every sink can say how much of the current utterance the listener has heard
+    (``heard_samples``): after a barge-in the history keeps exactly those words, whatever the transport."""
+
     sample_rate: int
     first_audible_t: float | None
     played_samples: int
@@ -31,6 +34,7 @@ class AudioSink(Protocol):
     def flush(self) -> None: ...
     async def drain(self) -> None: ...
     def begin_utterance(self) -> None: ...
+    def heard_samples(self) -> int: ...
 
 
 class _BufferedSink:
@@ -55,6 +59,13 @@ class _BufferedSink:
     @property
     def queued_samples(self) -> int:
         return self._queued
+
+    def heard_samples(self) -> int:
+        """Samples of the current utterance that have sounded by now: handed to the device and past their play
+        time (the device's own buffer is ahead of the listener by ``last_play_end - now``)."""
+        with self._lock:
+            ahead = max(0.0, self.last_play_end - time.monotonic())
+            return max(0, self.played_samples - int(ahead * self.sample_rate))
 
     def begin_utterance(self) -> None:
         with self._lock:

@@ -280,6 +280,7 @@ class Conversation:
         self._target, self._draft = engine.new_caches()
         self._busy = False
         self._before_turn: list[dict] | None = None  # the messages before the latest reply (forget_last_turn)
+        self._pending: list[dict] | None = None  # reply(commit=False): the history it answers, until commit()
         self.last_stats: DecodeStats | None = None
 
     @property
@@ -306,8 +307,14 @@ class Conversation:
             prompt = self.prompt_ids(messages)
         return messages, prompt
 
-    async def reply(self, user_text: str, settings: DecodeSettings | None = None) -> AsyncIterator[Emission]:
-        """Add the user turn, stream the accepted reply, append it to the history when the stream ends."""
+    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+                    ) -> AsyncIterator[Emission]:
+        """Stream the accepted reply to ``user_text``.
+
+        ``commit=True``: the user turn and what was streamed join the history when the stream ends (also when it
+        is cancelled). ``commit=False``: the history is left untouched while streaming; the caller then calls
+        ``commit(text)`` once with what the user actually heard, or ``discard()`` (a reply started early on a
+        guess, or one cancelled before anything was heard). A voice turn commits once, with the heard text."""
         settings = settings or self.engine.settings
         if not user_text or not user_text.strip():
             raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
@@ -318,8 +325,10 @@ class Conversation:
         kept, prompt = self._fit_history(self.messages + [{"role": "user", "content": user_text}])
         limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refused turn leaves no trace
         self._busy = True
-        self._before_turn = list(self.messages)
-        self.messages[:] = kept
+        self._pending = kept  # the history this reply answers, the user turn included
+        if commit:
+            self._before_turn = list(self.messages)
+            self.messages[:] = kept
         text = ""
         failed = False
         try:
@@ -346,14 +355,37 @@ class Conversation:
         except Exception:
             # a failure (bad prompt, model error): the turn did not happen unless part of it was streamed
             failed = not text
-            if failed:
+            if failed and commit:
                 self.messages.pop()
             raise
         finally:
             # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed
-            if not failed:
+            if commit and not failed:
                 self.messages.append({"role": "assistant", "content": text})
+            if commit:
+                self._pending = None
             self._busy = False
+
+    @property
+    def uncommitted(self) -> bool:
+        """A ``reply(commit=False)`` turn waits for ``commit`` or ``discard``."""
+        return self._pending is not None
+
+    def commit(self, heard_text: str) -> None:
+        """Write the latest ``reply(commit=False)`` turn into the history: the user's words, and the assistant's
+        reply as far as the user heard it (no assistant message when nothing was heard). Once per reply."""
+        if self._busy:
+            raise RuntimeError("a reply is still streaming; fix: let it end or cancel it, then commit")
+        if self._pending is None:
+            raise ValueError("there is no uncommitted reply; fix: call reply(..., commit=False) first")
+        self._before_turn = list(self.messages)
+        self.messages[:] = self._pending + ([{"role": "assistant", "content": heard_text}] if heard_text else [])
+        self._pending = None
+
+    def discard(self) -> None:
+        """Forget the latest ``reply(commit=False)`` turn: the history stays as it was (the caches drop its
+        tokens at the next turn, as they fall outside the common prefix of the next prompt)."""
+        self._pending = None
 
     async def warm(self) -> int:
         """Prefill both caches with what every next prompt starts with (system prompt and history, up to the

@@ -7,7 +7,7 @@ import contextlib
 
 from openai import AsyncOpenAI
 
-from voice.serve import serve
+from voice.server import serve
 
 
 def sdk(url: str, token: str = "unused") -> AsyncOpenAI:

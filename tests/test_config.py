@@ -85,7 +85,7 @@ def test_bad_env_override_is_named():
 def cli(*args, env=None):
     import os
 
-    return subprocess.run([sys.executable, "-m", "voice.cli", *args], capture_output=True, text=True, cwd=ROOT,
+    return subprocess.run([sys.executable, "-m", "voice.app.cli", *args], capture_output=True, text=True, cwd=ROOT,
                           env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=120)
 
 

@@ -55,7 +55,7 @@ def test_wrong_kind_is_refused():
 
 def prepare(cache: Path, name: str) -> subprocess.Popen:
     return subprocess.Popen(
-        [sys.executable, "-m", "voice.cli", "-v", "--set", f"models.cache_dir={cache}", "models", "prepare", name],
+        [sys.executable, "-m", "voice.app.cli", "-v", "--set", f"models.cache_dir={cache}", "models", "prepare", name],
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
@@ -102,7 +102,7 @@ def test_interrupted_build_leaves_no_entry(tmp_path):
 
 
 def test_models_verify_cli_reports_healthy():
-    result = subprocess.run([sys.executable, "-m", "voice.cli", "models", "verify"], cwd=ROOT, capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "voice.app.cli", "models", "verify"], cwd=ROOT, capture_output=True,
                             text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()}

@@ -12,7 +12,7 @@ from broker import Broker, Home
 
 from voice.assistant import Assistant
 from voice.config import load_config
-from voice.mqtt_bridge import MqttBridge
+from voice.transports.mqtt import MqttBridge
 
 pytestmark = pytest.mark.big
 

@@ -24,7 +24,7 @@ from voice.actions import ActionParser
 from voice.assistant import Assistant
 from voice.config import Config, MQTTConfig
 from voice.events import ActionRequested
-from voice.mqtt_bridge import MqttBridge
+from voice.transports.mqtt import MqttBridge
 
 ROOT = Path(__file__).resolve().parent.parent
 LIGHT, LOCK = "home/kitchen/light/set", "home/front_door/lock/set"
@@ -346,7 +346,7 @@ BRIDGE_PROCESS = textwrap.dedent("""
     import asyncio, sys
     from voice.assistant import Assistant
     from voice.config import load_config
-    from voice.mqtt_bridge import MqttBridge
+    from voice.transports.mqtt import MqttBridge
 
     async def main():
         config = load_config("configs/small.toml", environ={}, overrides=[

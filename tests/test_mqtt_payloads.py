@@ -2,7 +2,7 @@
 
 import pytest
 
-from voice.mqtt_bridge import (MAX_TEXT_CHARS, PayloadError, Topics, parse_text_command, render_event,
+from voice.transports.mqtt_payloads import (MAX_TEXT_CHARS, PayloadError, Topics, parse_text_command, render_event,
                                template_fields)
 
 ASK = {"id": (str, int), "speak": bool}

@@ -28,7 +28,7 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 from voice.config import ConfigError
-from voice.serve import serve
+from voice.server import serve
 
 WIRE = 24000
 SERVER_EVENTS = {get_args(cls.model_fields["type"].annotation)[0]: cls
@@ -407,6 +407,50 @@ async def test_speech_during_a_reply_is_a_barge_in(assistant):
             assert "input_audio_buffer.speech_started" in kinds
             # the interruption itself is answered in a new response
             assert events[-1]["response"]["status"] == "completed"
+
+
+async def test_truncate_after_a_barge_in_keeps_only_the_heard_words(assistant):
+    """What stock clients (pipecat) do at a barge-in: stop playing, then conversation.item.truncate with how much
+    they played. The history, and so the next turn's prompt, holds exactly the words heard by then."""
+    config = make_config(assistant)
+    async with running(config, assistant) as url:
+        async with sdk(url).realtime.connect(model="smollm2") as conn:
+            created = await events_until(conn, "session.created")
+            session = next(s for s in assistant._sessions if s.id == created[-1]["session"]["id"])
+            await ask_for_a_long_story(conn)
+            first = await events_until(conn, "response.output_audio.delta")
+            item_id = first[-1]["item_id"]
+            await asyncio.sleep(3.0)  # by its own clock the server would now think ~3 s of the reply were heard
+            question = espeak_utterance("Stop. What is your name?", rate=WIRE)
+            for i in range(0, len(question), WIRE // 10):  # the interruption, without its trailing silence yet
+                await conn.input_audio_buffer.append(audio=b64(question[i:i + WIRE // 10]))
+            seen = await events_until(conn, "input_audio_buffer.speech_started")
+            generated = "".join(e["delta"] for e in first + seen
+                                if e["type"] == "response.output_audio_transcript.delta")
+            await conn.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
+                             "audio_end_ms": 1000})
+            tr_events = await events_until(conn, "conversation.item.truncated")
+            truncated = tr_events[-1]
+            assert truncated["item_id"] == item_id and truncated["audio_end_ms"] == 1000
+            interrupted = session.last_turn
+            await conn.input_audio_buffer.append(audio=b64(np.zeros(int(1.5 * WIRE), np.int16)))
+            first_id = next(e for e in first if e["type"] == "response.created")["response"]["id"]
+            later: list[dict] = []
+            while not later or later[-1]["response"]["id"] == first_id:  # the answer to the interruption
+                later += await events_until(conn, "response.done")
+            cut = next(e for e in seen + tr_events + later if e["type"] == "response.done"
+                       and e["response"]["id"] == first_id)["response"]
+            by_clock = cut["output"][0]["content"][0]["transcript"]  # what the server's own clock said was heard
+            heard = interrupted.outcome.heard_text(int(1.0 * assistant.tts_sample_rate))
+            assert cut["status"] == "cancelled" and heard and generated.startswith(heard), (heard, generated)
+            assert len(heard.split()) < len(by_clock.split()), "the client's truncate, not the clock, decides"
+            roles = [m["role"] for m in session.history]
+            assert roles == ["system", "user", "assistant", "user", "assistant"], session.history
+            assert session.history[2]["content"] == heard, "the next turn's prompt holds only the heard words"
+            assert "name" in session.history[3]["content"].lower()
+            prompt = session.conversation.prompt_ids(session.history[:4])
+            text = assistant.engine.tokenizer.decode(prompt)
+            assert heard in text and generated.strip() not in text
 
 
 async def test_a_port_in_use_is_a_clear_config_error(assistant):

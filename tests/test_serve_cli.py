@@ -19,7 +19,7 @@ from serving import sdk
 from websockets.exceptions import ConnectionClosed
 
 ROOT = Path(__file__).resolve().parent.parent
-SPECVOICE = [sys.executable, "-m", "voice.cli"]
+SPECVOICE = [sys.executable, "-m", "voice.app.cli"]
 
 
 

@@ -12,7 +12,7 @@ from broker import free_port, Broker, Home
 from serving import sdk
 
 from voice.assistant import Assistant
-from voice.serve import serve
+from voice.server import serve
 
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from voice import sdnotify
-from voice.cli import COMMANDS
+from voice.app.cli import COMMANDS
 from voice.config import load_config
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -87,7 +87,7 @@ def test_broken_voice_config_is_a_clear_error(tmp_path, small_config):
 
 
 def test_say_and_transcribe_commands_round_trip(tmp_path, capsys):
-    from voice.cli import main
+    from voice.app.cli import main
 
     out = tmp_path / "said.wav"
     assert main(["-c", "configs/small.toml", "say", "Turn off the lights in the hall, please.", "-o", str(out)]) == 0
@@ -100,7 +100,7 @@ def test_say_and_transcribe_commands_round_trip(tmp_path, capsys):
 
 
 def test_transcribe_command_rejects_a_bad_file_clearly(tmp_path, capsys):
-    from voice.cli import main
+    from voice.app.cli import main
 
     (tmp_path / "empty.wav").write_bytes(b"")
     assert main(["-c", "configs/small.toml", "transcribe", str(tmp_path / "empty.wav")]) == 2

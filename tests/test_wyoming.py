@@ -27,7 +27,7 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.speechset import wer
 from voice.config import ConfigError
-from voice.wyoming_server import WyomingServer
+from voice.transports.wyoming import Gate
 
 # long enough (about 9 s) for several partial passes while it streams, even on a busy CPU
 SENTENCE = ("The quick brown fox jumps over the lazy dog near the quiet river bank. "
@@ -206,7 +206,7 @@ async def test_allow_list_and_exposure_rules(assistant):
     exposed = assistant.config.model_copy(deep=True)
     exposed.wyoming.host = "0.0.0.0"
     with pytest.raises(ConfigError, match="allowed_clients"):
-        WyomingServer(exposed, assistant, None, None)
+        Gate.check_config(exposed)
     config = make_config(assistant, wyoming__allowed_clients=["10.1.2.0/24"], server__idle_timeout_s=1.0)
     async with running(config, assistant) as port:
         async with AsyncTcpClient("127.0.0.1", port) as client:

@@ -18,6 +18,8 @@ Fragments are stripped of surrounding whitespace; joined with spaces they give b
 
 from __future__ import annotations
 
+from typing import Any
+
 ABBREVIATIONS = {
     "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "e.g", "i.e", "eg", "ie", "approx",
     "fig", "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
@@ -38,6 +40,11 @@ class Chunker:
         self.clause_words = clause_words
         self._buf = ""  # text not yet emitted
         self.fragments_out = 0
+
+    @classmethod
+    def from_config(cls, tts: Any) -> Chunker:
+        """The chunker the ``[tts]`` config section describes (the one every spoken path uses)."""
+        return cls(tts.first_fragment_chars, tts.max_fragment_words, first_fragment_words=tts.first_fragment_words)
 
     def push(self, text: str) -> list[str]:
         self._buf += text

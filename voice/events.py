@@ -30,11 +30,25 @@ class SpeechStarted:
 @dataclass
 class SpeechStopped:
     t: float
+    cut: bool = False  # the utterance hit the length limit (server.max_turn_audio_s) and was ended there
 
 
 @dataclass
 class TranscriptPartial:
     text: str  # the whole partial transcript so far (committed + tentative)
+    committed: str = ""  # the part of it that will not change any more
+
+
+@dataclass
+class PauseHeard:
+    """The user paused, and the transcript so far covers all their speech: a likely end of turn."""
+
+    text: str
+
+
+@dataclass
+class SpeechResumed:
+    """The user went on speaking after a PauseHeard: the pause was not the end of the turn."""
 
 
 @dataclass
@@ -80,5 +94,5 @@ class TurnError:
 
 
 Event = Union[StateChanged, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyTextDelta,
-              ReplyAudio, ActionRequested, TurnDone, TurnError]
+              ReplyAudio, ActionRequested, TurnDone, TurnError, PauseHeard, SpeechResumed]
 EventHandler = Callable[[Event], None]

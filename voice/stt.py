@@ -14,16 +14,18 @@ import asyncio
 import logging
 import re
 import threading
+from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
 
 import numpy as np
 
+from audio.frames import SPEECH_RATE
 from voice.config import STTConfig
 from voice.models import ModelError, Resolved, hub_error
 
 log = logging.getLogger("specvoice.stt")
 
-RATE = 16000
+RATE = SPEECH_RATE
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
 HALLUCINATIONS = {
@@ -61,10 +63,12 @@ def _join(words: list[Word]) -> str:
 class SpeechToText:
     """One loaded Whisper model (loaded once, shared by every utterance; decodes are serialized)."""
 
-    def __init__(self, resolved: Resolved, settings: STTConfig) -> None:
+    def __init__(self, resolved: Resolved, settings: STTConfig, executor: Executor | None = None) -> None:
         from faster_whisper import WhisperModel
 
         self.settings = settings
+        # the thread Whisper passes run on (the assistant owns it; standalone use gets its own)
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-stt")
         try:
             self.model = WhisperModel(str(resolved.path or resolved.hub_id), device=settings.device,
                                       compute_type=settings.compute_type, cpu_threads=settings.threads)
@@ -111,10 +115,13 @@ class SpeechToText:
         rms = float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
         return seg.no_speech_prob >= 0.3 or rms < _QUIET_RMS
 
+    async def run_decode(self, audio: np.ndarray, prompt: str | None = None) -> list[Word]:
+        """``decode`` on the STT worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, audio, prompt)
+
     async def transcribe(self, samples: np.ndarray) -> str:
-        """Whole-utterance transcription (int16 16 kHz), one pass in a worker thread."""
-        words = await asyncio.to_thread(self.decode, samples.astype(np.float32) / 32768.0)
-        return _join(words)
+        """Whole-utterance transcription (int16 16 kHz), one pass on the STT worker."""
+        return _join(await self.run_decode(samples.astype(np.float32) / 32768.0))
 
 
 class StreamingTranscription:
@@ -159,7 +166,7 @@ class StreamingTranscription:
 
     async def _pass(self) -> list[Word]:
         audio, prompt = self._audio, self._prompt()
-        words = await asyncio.to_thread(self.stt.decode, audio, prompt)
+        words = await self.stt.run_decode(audio, prompt)
         self._decoded_len = len(audio)
         self.passes += 1
         return words

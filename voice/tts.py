@@ -11,6 +11,7 @@ import asyncio
 import json
 import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
@@ -22,7 +23,7 @@ from voice.models import ModelError, Resolved
 class TextToSpeech:
     """A loaded piper voice. ``sample_rate`` is the voice's rate (22050 Hz for joe-medium)."""
 
-    def __init__(self, resolved_voice: Resolved, settings: TTSConfig) -> None:
+    def __init__(self, resolved_voice: Resolved, settings: TTSConfig, executor: Executor | None = None) -> None:
         from piper import PiperVoice, SynthesisConfig
 
         if resolved_voice.path is None:
@@ -49,8 +50,12 @@ class TextToSpeech:
         session = onnxruntime.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
         self.voice = PiperVoice(session=session, config=voice_config)
         self.sample_rate: int = self.voice.config.sample_rate
+        # the voice's language as its .onnx.json says (e.g. "en_US"); what Wyoming and Home Assistant are told
+        self.language: str = _voice_language(json.loads(config.read_text()))
         self.syn_config = SynthesisConfig(speaker_id=settings.speaker_id, length_scale=settings.length_scale)
         self._lock = threading.Lock()  # one onnxruntime session: one synthesis at a time
+        # the thread syntheses run on (the assistant owns it; standalone use gets its own)
+        self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-tts")
         self.chunks_made = 0  # piper sentence chunks synthesized (cancellation is visible in this count)
 
     def synthesize(self, text: str, stop: threading.Event | None = None):
@@ -79,7 +84,7 @@ class TextToSpeech:
             finally:
                 loop.call_soon_threadsafe(queue.put_nowait, None)
 
-        worker = loop.run_in_executor(None, work)
+        worker = loop.run_in_executor(self.executor, work)
         try:
             while (item := await queue.get()) is not None:
                 if isinstance(item, BaseException):
@@ -88,3 +93,12 @@ class TextToSpeech:
         finally:
             stop.set()  # cancelled or closed early: the worker stops before its next sentence
             worker.add_done_callback(lambda f: f.exception())  # never an "exception never retrieved" warning
+
+
+def _voice_language(voice_json: dict) -> str:
+    """The language code of a piper voice config: ``language.code`` (e.g. "en_US"), else ``espeak.voice``."""
+    language = voice_json.get("language") or {}
+    code = language.get("code") if isinstance(language, dict) else None
+    if not code:
+        code = (voice_json.get("espeak") or {}).get("voice", "")
+    return str(code or "und")

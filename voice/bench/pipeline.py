@@ -14,8 +14,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from audio.sinks import WavSink
-from voice.assistant import Assistant, decode_settings
-from voice.demo import run_turn, synthesize_question
+from voice.assistant import Assistant
+from voice.wavturn import run_turn, synthesize_question
 from voice.events import Event, TurnDone, TurnError
 from voice.latency import percentiles
 
@@ -38,7 +38,7 @@ async def bench(config, argv: list[str]) -> int:
     p.add_argument("--json", default="bench-results/pipeline.json")
     args = p.parse_args(argv)
     assistant = await Assistant.load(config)
-    modes = {"speculative": decode_settings(config), "target alone": decode_settings(config, mode="target")}
+    modes = {"speculative": assistant.decode_settings(), "target alone": assistant.decode_settings(mode="target")}
     import tempfile
 
     rows: dict[str, list[dict]] = {m: [] for m in modes}

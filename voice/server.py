@@ -1,7 +1,7 @@
-"""``specvoice serve``: one process, models loaded once, many clients at the same time.
+"""``serve()``: one process, models loaded once, many clients at the same time (``specvoice serve`` runs it).
 
-What it runs on one event loop: the websocket API (voice/realtime_ws.py, an OpenAI Realtime subset), the
-Wyoming server (voice/wyoming_server.py), the MQTT bridge when ``mqtt.enabled``, Prometheus metrics at
+What it runs on one event loop: the websocket API (voice/transports/realtime*.py, an OpenAI Realtime subset),
+the Wyoming server (voice/transports/wyoming*.py), the MQTT bridge when ``mqtt.enabled``, Prometheus metrics at
 ``/metrics`` on the websocket port, and systemd readiness/watchdog notifications. Every connection gets its own
 ``Session`` (its own conversation); all sessions share the one ``Assistant``.
 
@@ -18,31 +18,18 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import signal
 import sys
+from typing import Any
 
 from voice.config import Config, ConfigError
+from voice.metrics import Metrics
 from voice.sdnotify import notify, watchdog
-from voice.wyoming_server import WyomingServer, is_loopback
+from voice.transports.common import SessionSlots, Shared, is_loopback
+from voice.transports.realtime_server import PATHS, RealtimeServer
+from voice.transports.wyoming import Gate
+from voice.transports.wyoming_server import WyomingServer
 
 log = logging.getLogger("specvoice.serve")
-
-
-class SessionSlots:
-    """The ``server.max_sessions`` budget, shared by every transport (websocket and Wyoming connections)."""
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.used = 0
-
-    def acquire(self) -> bool:
-        if self.used >= self.limit:
-            return False
-        self.used += 1
-        return True
-
-    def release(self) -> None:
-        self.used = max(0, self.used - 1)
 
 
 def check_exposure(config: Config) -> None:
@@ -52,7 +39,7 @@ def check_exposure(config: Config) -> None:
         raise ConfigError(f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
                           "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1")
     if config.wyoming.enabled:
-        WyomingServer.check_config(config)
+        Gate.check_config(config)
 
 
 def _report_failure(task: asyncio.Task) -> None:
@@ -61,16 +48,13 @@ def _report_failure(task: asyncio.Task) -> None:
         log.error("background task failed", extra={"task": task.get_name(), "error": repr(task.exception())})
 
 
-async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant=None,
+async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant: Any = None,
                 stop: asyncio.Event | None = None) -> None:
     """Serve until ``stop`` is set (graceful: turns get ``server.shutdown_grace_s``) or until cancelled (no grace).
 
     ``assistant``: an already loaded Assistant to share (tests); it is then left open. ``ready`` is set once
     every listener accepts connections.
     """
-    from voice.metrics import Metrics
-    from voice.realtime_ws import PATHS, RealtimeServer
-
     check_exposure(config)
     owned = assistant is None
     if assistant is None:
@@ -80,9 +64,9 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
         assistant = await Assistant.load(config)
     metrics = Metrics()
     assistant.add_listener(metrics.on_event)
-    slots = SessionSlots(config.server.max_sessions)
-    websocket = RealtimeServer(config, assistant, metrics, slots)
-    wyoming = WyomingServer(config, assistant, metrics, slots) if config.wyoming.enabled else None
+    shared = Shared(config, assistant, metrics, SessionSlots(config.server.max_sessions))
+    websocket = RealtimeServer(shared)
+    wyoming = WyomingServer(shared) if config.wyoming.enabled else None
     tasks: list[asyncio.Task] = []
     metrics_http = None
     graceful = False
@@ -99,7 +83,7 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
 
             metrics_http = start_http_server(config.server.metrics_port, addr="127.0.0.1", registry=metrics.registry)
         if config.mqtt.enabled:
-            from voice.mqtt_bridge import MqttBridge
+            from voice.transports.mqtt import MqttBridge
 
             tasks.append(asyncio.create_task(MqttBridge(config, assistant).run(), name="mqtt bridge"))
         tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
@@ -139,17 +123,3 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
         if owned:
             await assistant.close()
         log.info("stopped", extra={"graceful": graceful})
-
-
-async def _run(config: Config) -> int:
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await serve(config, stop=stop)
-    return 0
-
-
-def main(config: Config, args, extra: list[str]) -> int:
-    """Entry point of ``specvoice serve`` (see voice/cli.py)."""
-    return asyncio.run(_run(config))

@@ -12,22 +12,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import functools
 import json
 import os
 import platform
-import re
-import shutil
-import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from tqdm import tqdm
 
-from audio.resample import resample
-from audio.wavfile import read_wav, write_wav
+from audio.wavfile import write_wav
+from voice.events import TranscriptPartial
 from voice.models import resolve
 from voice.speechset import RATE, SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
 
@@ -42,9 +39,30 @@ def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
 
 
-async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
+async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
+    """Play a WAV through the product's Listener (real-time paced blocks, as a microphone delivers them) and
+    return each utterance it heard, with its times on the audio clock and when its final transcript was ready."""
     from audio.sources import WavSource
-    from voice.speech_cli import listen, make_vad
+    from voice.listener import Listener, UtteranceEnded
+
+    listener = Listener.from_config(config, stt)
+    source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 300)
+    heard, partials = [], 0
+    async for chunk in source:
+        for event in await listener.accept_chunk(chunk.samples, chunk.t):
+            partials += isinstance(event, TranscriptPartial)
+            if isinstance(event, UtteranceEnded):
+                u = event.utterance
+                text = await u.final()
+                heard.append({"text": text, "speech_start": u.speech_start, "speech_end": u.speech_end,
+                              "endpoint": u.endpoint, "final_done": time.monotonic(), "partials": partials,
+                              "final_decoded": bool(u.stream.final_decoded)})
+                partials = 0
+    await listener.close()
+    return heard
+
+
+async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
     from voice.stt import SpeechToText
 
     stt = SpeechToText(resolve(config.models.stt, "stt", config.models.cache_dir), config.stt)
@@ -58,17 +76,16 @@ async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
             rtf = (time.perf_counter() - t) / (len(speech) / RATE)
             path = Path(tmp) / "u.wav"
             write_wav(path, np.concatenate([np.zeros(RATE * lead_ms // 1000, np.int16), speech]), RATE)
-            source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 300)
-            heard = [h async for h in listen(source, make_vad(config), stt, config.stt.partial_interval_ms / 1000)]
-            text_out = " ".join(h.text for h in heard)
+            heard = await hear_file(config, stt, path)
+            text_out = " ".join(h["text"] for h in heard)
             last = heard[-1] if heard else None
             rows.append({
                 "voice": voice, "reference": text, "audio_s": round(len(speech) / RATE, 3), "rtf": round(rtf, 3),
                 "whole_pass_text": whole, "streamed_text": text_out, "wer": round(wer(text, text_out), 3),
-                "utterances_heard": len(heard), "partials": sum(h.partials for h in heard),
-                "final_needed_a_pass": any(h.final_decoded for h in heard),
-                "final_after_endpoint_s": round(last.final_done - last.endpoint, 3) if last else None,
-                "final_after_speech_end_s": round(last.final_done - last.speech_end, 3) if last else None,
+                "utterances_heard": len(heard), "partials": sum(h["partials"] for h in heard),
+                "final_needed_a_pass": any(h["final_decoded"] for h in heard),
+                "final_after_endpoint_s": round(last["final_done"] - last["endpoint"], 3) if last else None,
+                "final_after_speech_end_s": round(last["final_done"] - last["speech_end"], 3) if last else None,
             })
     after_endpoint = [r["final_after_endpoint_s"] for r in rows if r["final_after_endpoint_s"] is not None]
     after_end = [r["final_after_speech_end_s"] for r in rows if r["final_after_speech_end_s"] is not None]

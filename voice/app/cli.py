@@ -13,14 +13,14 @@ from voice.logs import setup_logging
 
 # subcommand -> "module:function"; each function is f(config, args, extra_argv) -> exit code
 COMMANDS = {
-    "demo": "voice.demo:main",
-    "run": "voice.desktop:main",
-    "transcribe": "voice.speech_cli:transcribe_main",
-    "say": "voice.speech_cli:say_main",
-    "serve": "voice.serve:main",
-    "bench llm": "voice.cli:bench_llm",
-    "bench speech": "voice.bench_speech:main",
-    "bench pipeline": "voice.bench_pipeline:main",
+    "demo": "voice.app.demo:main",
+    "run": "voice.app.desktop:main",
+    "transcribe": "voice.app.speech:transcribe_main",
+    "say": "voice.app.speech:say_main",
+    "serve": "voice.app.serve:main",
+    "bench llm": "voice.app.cli:bench_llm",
+    "bench speech": "voice.bench.speech:main",
+    "bench pipeline": "voice.bench.pipeline:main",
 }
 
 

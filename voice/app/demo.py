@@ -11,49 +11,13 @@ import tempfile
 import time
 from pathlib import Path
 
-import numpy as np
-
-from audio.resample import resample
 from audio.sinks import WavSink
-from audio.sources import WavSource
-from audio.wavfile import write_wav
-from voice.assistant import Assistant, Session
+from voice.assistant import Assistant
 from voice.events import Event, TranscriptPartial, TurnDone, TurnError
-from voice.latency import LatencyTrace, format_table
+from voice.latency import format_table
+from voice.wavturn import run_turn, synthesize_question, trace_from
 
 DEFAULT_QUESTIONS = ("What is the capital of France?", "And roughly how many people live there?")
-
-
-def synthesize_question(assistant: Assistant, text: str, path: Path) -> Path:
-    """Speak ``text`` with the assistant's own voice into a 16 kHz WAV (a stand-in for a recorded question)."""
-    pcm = np.concatenate(list(assistant.tts.synthesize(text)))
-    write_wav(path, resample(pcm, assistant.tts_sample_rate, 16000), 16000)
-    return path
-
-
-async def run_turn(session: Session, wav: Path, done: asyncio.Queue, *, realtime: bool = True,
-                   block_ms: int = 20, tail_silence_ms: int = 1500, timeout_s: float = 300.0) -> TurnDone | None:
-    """Play ``wav`` into the session like a microphone (then silence, so the VAD ends the turn) and wait for the
-    turn to finish."""
-    async for chunk in WavSource(wav, block_ms=block_ms, realtime=realtime, tail_silence_ms=tail_silence_ms):
-        await session.push_audio(chunk.samples, chunk.t)
-    async with asyncio.timeout(timeout_s):
-        while True:
-            event = await done.get()
-            if isinstance(event, TurnDone):
-                return event
-            if isinstance(event, TurnError):
-                print(f"  turn failed in {event.stage}: {event.message}", file=sys.stderr)
-                return None
-            if event is None:
-                return None
-
-
-def trace_from(done: TurnDone, budget: dict) -> LatencyTrace:
-    """Rebuild a LatencyTrace (for the table) from the plain dict a TurnDone carries."""
-    trace = LatencyTrace(done.turn_id, budget_ms=budget)
-    trace.marks = {k: v / 1000.0 for k, v in done.trace["marks_ms"].items()}
-    return trace
 
 
 async def demo(config, inputs: list[str], out: str | None, json_out: str | None) -> int:

@@ -15,7 +15,8 @@ import numpy as np
 from audio.resample import resample
 from audio.sinks import SpeakerSink
 from audio.sources import MicSource
-from voice.assistant import MIC_RATE, Assistant
+from audio.frames import SPEECH_RATE as MIC_RATE
+from voice.assistant import Assistant
 from voice.events import (ActionRequested, Event, StateChanged, TranscriptFinal, TranscriptPartial, TurnDone,
                           TurnError)
 

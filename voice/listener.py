@@ -1,0 +1,310 @@
+"""The ears of one session: VAD -> streaming STT -> end of turn, with the wake word and the echo gate.
+
+One push API for every place audio comes from (the microphone, a websocket, a Wyoming client, ``bench
+speech``), in the spirit of wyoming-faster-whisper's streaming session: ``accept_chunk(pcm)`` returns what
+that audio decided (speech started, a partial transcript, a pause the transcript fully covers, the user
+going on after a pause, an utterance that ended), and ``finish()`` ends the utterance in progress and returns
+its final transcript. The Listener has no thread and no task of its own except the one Whisper pass that may
+be running: partial passes run in the STT worker while audio keeps coming in, and what they produce comes
+out of the next ``accept_chunk`` (or ``finish``).
+
+Two ways a turn ends:
+- ``endpointing=True`` (microphone, websocket with server VAD): the VAD decides, after ``vad.end_silence_ms``
+  of silence; speech shorter than ``vad.min_speech_ms`` (a cough, a "mhm") never starts at all;
+- ``endpointing=False`` (Wyoming asr, a websocket without turn detection): everything pushed is one
+  utterance until the caller says it is over with ``finish()``.
+
+When the user pauses, a partial pass starts at once: if the pause becomes the end of the turn, the final
+transcript is then ready (or nearly) when the endpoint is decided, and ``PauseHeard`` lets the session start
+an early reply on it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from audio.frames import SPEECH_RATE, AudioChunk
+from audio.vad import Vad, VadEvent
+from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
+from voice.stt import SpeechToText, StreamingTranscription
+
+log = logging.getLogger("specvoice.listener")
+
+WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many seconds opens a turn
+PAUSE_PASS_S = 0.12  # silence inside speech after which a partial pass starts at once (a possible end of turn)
+
+
+@dataclass
+class Utterance:
+    """A stretch of the user's speech that ended; ``final()`` gives its transcript (cheap when the last
+    partial pass already saw all of it). Times are on the audio clock (monotonic seconds)."""
+
+    stream: StreamingTranscription
+    speech_start: float
+    speech_end: float  # end of the last voiced sample
+    endpoint: float  # when the end of the turn was decided
+    cut: bool = False  # ended by the length limit (server.max_turn_audio_s), not by the user
+    running_pass: asyncio.Future | None = None  # a partial pass still at work on this utterance
+
+    @property
+    def duration(self) -> float:
+        return self.stream.duration
+
+    async def final(self) -> str:
+        """The final transcript. A partial pass still running is waited for, not thrown away (final() then
+        decodes only what it did not see); waiting does not cancel it, so a cancelled turn leaves no half pass."""
+        if self.running_pass is not None:
+            await asyncio.wait({self.running_pass})
+            self.running_pass = None
+        return (await self.stream.final()).strip()
+
+
+@dataclass
+class UtteranceEnded:
+    """What ``accept_chunk`` returns when an utterance ends (the VAD's endpoint or the length limit)."""
+
+    utterance: Utterance
+
+
+ListenEvent = SpeechStarted | TranscriptPartial | PauseHeard | SpeechResumed | UtteranceEnded
+
+
+class Listener:
+    """One audio stream's VAD, streaming transcription and turn ending. Call everything from one event loop."""
+
+    def __init__(self, stt: SpeechToText, vad: Vad | None, *, partial_interval_s: float = 0.6,
+                 max_utterance_s: float = 60.0, wake=None, echo=None) -> None:
+        self.stt = stt
+        self.vad = vad  # None: no endpointing, the caller ends utterances with finish()
+        self.partial_interval_s = partial_interval_s
+        self.max_utterance_s = max_utterance_s
+        self.wake = wake  # audio.wakeword.WakeWord or None
+        self.echo = echo  # audio.echo.EchoSuppressor or None
+        self.replying = False  # set by the session: speech now is a barge-in (no wake word needed, echo gate on)
+        self._stream: StreamingTranscription | None = None
+        self._start_t = 0.0
+        self._clock: float | None = None  # audio time of the next pushed sample
+        self._awake_until = 0.0
+        self._pass: asyncio.Task[str | None] | None = None
+        self._pass_started = 0.0  # audio time when the last pass started
+        self._pass_s = 0.0  # wall time the last pass took (passes back off on a slow CPU)
+        self._paused_heard = False  # a PauseHeard went out for the current pause
+        self._last_partial = ""
+
+    @classmethod
+    def from_config(cls, config: Any, stt: SpeechToText, *, endpointing: bool = True, vad_path: str | None = None,
+                    wake_dir: str | None = None) -> Listener:
+        """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word
+        and echo canceller. Model paths are resolved here unless the caller already did (the Assistant)."""
+        vad = wake = echo = None
+        if endpointing:
+            from voice.models import resolve
+
+            v, m = config.vad, config.models
+            if v.engine == "silero" and vad_path is None:
+                vad_path = str(resolve(m.vad, "vad", m.cache_dir).path)
+            vad = Vad(vad_path or None, engine=v.engine, threshold=v.threshold, min_speech_ms=v.min_speech_ms,
+                      end_silence_ms=v.end_silence_ms, preroll_ms=v.preroll_ms, sample_rate=SPEECH_RATE)
+            if m.wake_word:
+                from audio.wakeword import WakeWord
+
+                if wake_dir is None:
+                    wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path)
+                wake = WakeWord(m.wake_word, wake_dir)
+            if config.audio.echo != "off":
+                from audio.echo import EchoSuppressor
+
+                echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
+        return cls(stt, vad, partial_interval_s=config.stt.partial_interval_ms / 1000.0,
+                   max_utterance_s=config.server.max_turn_audio_s, wake=wake, echo=echo)
+
+    @property
+    def endpointing(self) -> bool:
+        return self.vad is not None
+
+    @property
+    def hearing(self) -> bool:
+        """An utterance is in progress."""
+        return self._stream is not None
+
+    @property
+    def committed(self) -> str:
+        """The words of the utterance in progress that will not change any more."""
+        return self._stream.committed if self._stream is not None else ""
+
+    @property
+    def clock(self) -> float | None:
+        return self._clock
+
+    # ---- audio in ----------------------------------------------------------------------------------------------
+
+    async def accept_chunk(self, samples: np.ndarray, t: float | None = None,
+                           reference: np.ndarray | None = None) -> list[ListenEvent]:
+        """Feed 16 kHz mono int16 audio. ``t``: monotonic time of its first sample (default: contiguous with the
+        previous chunk, or ending now). ``reference``: what the speaker played over the same interval, for the
+        echo canceller. Returns the events this audio (and any partial pass that finished) decided."""
+        samples = np.asarray(samples)
+        if samples.dtype != np.int16 or samples.ndim != 1:
+            raise ValueError(f"the listener takes int16 mono samples at {SPEECH_RATE} Hz (got {samples.dtype}, "
+                             f"shape {samples.shape}); fix: convert with audio.resample first")
+        t = self._stamp(len(samples), t)
+        if self.echo is not None:  # always in the path, so its constant buffering delay never jumps
+            samples = self.echo.process(samples, reference)
+            t -= self.echo.delay_samples / SPEECH_RATE
+        chunk = AudioChunk(samples, SPEECH_RATE, t)
+        events: list[ListenEvent] = self._collect_pass()
+        if self.vad is None:
+            if self._stream is None:
+                self._open(t, np.zeros(0, np.int16))
+            self._add(samples)
+        else:
+            events += self._endpointing(chunk)
+        if self._stream is not None and self._stream.duration > self.max_utterance_s:
+            events.append(self._close(chunk.end_t, chunk.end_t, cut=True))
+        if self._stream is not None:
+            self._maybe_pass(chunk.end_t)
+        return events
+
+    def _stamp(self, n: int, t: float | None) -> float:
+        """The chunk's start time. Unstamped audio (a network client) is contiguous with the previous chunk, and
+        never earlier than a chunk ending now could be: a client that sends faster than real time runs the audio
+        clock ahead (it never jumps back, which would stretch the VAD's silence timers), one that paused jumps it
+        forward to now."""
+        if t is None:
+            earliest = time.monotonic() - n / SPEECH_RATE
+            t = earliest if self._clock is None else max(self._clock, earliest)
+        self._clock = t + n / SPEECH_RATE
+        return t
+
+    def _endpointing(self, chunk: AudioChunk) -> list[ListenEvent]:
+        assert self.vad is not None
+        woke = self.wake is not None and self.wake.process(chunk)
+        if woke:
+            self._awake_until = chunk.end_t + WAKE_WINDOW_S
+        vad_events = self.vad.process(chunk)
+        if woke and self.vad.speaking and self._stream is None and not vad_events:
+            # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
+            vad_events = [VadEvent("speech_start", chunk.end_t, np.zeros(0, np.int16), decided_t=chunk.end_t)]
+        events: list[ListenEvent] = []
+        started = False
+        for event in vad_events:
+            if event.kind == "speech_start":
+                if self._addressed(event):
+                    self._open(event.t, event.audio if event.audio is not None else np.zeros(0, np.int16))
+                    events.append(SpeechStarted(event.t))
+                    started = True
+            elif self._stream is not None:
+                decided = event.decided_t if event.decided_t is not None else chunk.end_t
+                events.append(self._close(event.t, decided))
+        if self._stream is not None and not started:
+            self._add(chunk.samples)
+            if self._paused_heard and self.vad.pause_since is None:
+                self._paused_heard = False  # the user goes on: the pause transcript was not the whole turn
+                events.append(SpeechResumed())
+        return events
+
+    def _addressed(self, event: VadEvent) -> bool:
+        """Speech opens a turn unless a wake word is required and was not heard, or it is our own voice."""
+        if self.replying:
+            # during a reply: a barge-in needs no wake word, but the echo gate must agree it is the user
+            return self.echo is None or self.echo.user_speech_likely()
+        return self.wake is None or event.t <= self._awake_until
+
+    # ---- utterances -----------------------------------------------------------------------------------------
+
+    def _open(self, t: float, preroll: np.ndarray) -> None:
+        self._stream = self.stt.stream()
+        self._start_t = t
+        self._pass_started = t
+        self._paused_heard = False
+        self._last_partial = ""
+        if len(preroll):
+            self._stream.add(preroll)
+
+    def _add(self, samples: np.ndarray) -> None:
+        assert self._stream is not None
+        self._stream.add(samples)
+
+    def _close(self, speech_end: float, endpoint: float, cut: bool = False) -> UtteranceEnded:
+        assert self._stream is not None
+        running, self._pass = self._pass, None  # it belongs to this utterance now: final() waits for it
+        utterance = Utterance(self._stream, self._start_t, speech_end, endpoint, cut, running)
+        self._stream = None
+        if cut and self.vad is not None:
+            self.vad.reset()  # the VAD starts over: speech that goes on is a new utterance
+        return UtteranceEnded(utterance)
+
+    def end(self) -> UtteranceEnded | None:
+        """End the utterance in progress now (a client committed, the audio stopped); None when there is none."""
+        if self._stream is None:
+            return None
+        end = self._clock if self._clock is not None else time.monotonic()
+        return self._close(end, end)
+
+    async def finish(self) -> str:
+        """``end()`` and the final transcript of what it ended; "" when there was nothing."""
+        ended = self.end()
+        return await ended.utterance.final() if ended is not None else ""
+
+    def clear(self) -> None:
+        """Drop the utterance in progress (input_audio_buffer.clear)."""
+        self._stream = None
+        if self.vad is not None:
+            self.vad.reset()
+
+    async def close(self) -> None:
+        """Drop what is in progress; a pass still running in the STT worker is waited for (it cannot be cut)."""
+        self._stream = None
+        if self._pass is not None:
+            await asyncio.wait({self._pass})
+            self._pass = None
+
+    # ---- partial passes -------------------------------------------------------------------------------------
+
+    def _maybe_pass(self, now: float) -> None:
+        """Start a partial pass when none runs and either the interval passed or a pause just began."""
+        if self._pass is not None:
+            return
+        interval = max(self.partial_interval_s, 2 * self._pass_s)  # at most half the time decoding
+        pause = self.vad.pause_since if self.vad is not None else None
+        new_pause = pause is not None and now - pause >= PAUSE_PASS_S and self._pass_started < pause
+        if now - self._pass_started >= interval or new_pause:
+            self._pass_started = now
+            self._pass = asyncio.ensure_future(self._run_pass(self._stream))
+
+    async def _run_pass(self, stream: StreamingTranscription | None) -> str | None:
+        started = time.monotonic()
+        try:
+            return await stream.partial() if stream is not None else None
+        finally:
+            self._pass_s = time.monotonic() - started
+
+    def _collect_pass(self) -> list[ListenEvent]:
+        """Events from a partial pass that finished since the last chunk."""
+        task = self._pass
+        if task is None or not task.done():
+            return []
+        self._pass = None
+        text = None
+        if task.cancelled():
+            pass
+        elif task.exception() is not None:  # the final pass will try again; say why this one failed
+            log.warning("partial transcription failed", extra={"error": repr(task.exception())})
+        else:
+            text = task.result()
+        events: list[ListenEvent] = []
+        stream = self._stream
+        if text and stream is not None and text != self._last_partial:
+            self._last_partial = text
+            events.append(TranscriptPartial(text, stream.committed))
+        paused = self.vad is not None and self.vad.pause_since is not None
+        if stream is not None and paused and not self._paused_heard and stream.nothing_new() and stream.text:
+            self._paused_heard = True
+            events.append(PauseHeard(stream.text))
+        return events

@@ -1,0 +1,268 @@
+"""One conversation: a Listener for the user's audio, Turns for the assistant's replies, and the rules between.
+
+    idle --speech--> listening --end of turn--> thinking --first audio--> speaking --done--> idle
+                         ^                          |                          |
+                         +-------- barge-in --------+--------------------------+
+
+Every transport (microphone, websocket, Wyoming, MQTT) drives a session through the same few calls:
+``push_audio`` (the ears), ``ask`` / ``say`` (text in), ``cancel``, ``close``. Speech from the user while a turn
+is running is a barge-in: the turn is cancelled (``Turn.cancel``, the only way anything stops), and it commits
+the reply to the history as far as the session's sink says the user heard it. A turn that fails ends with a
+``TurnError`` and leaves the session idle, ready for the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import time
+import uuid
+from collections.abc import Coroutine
+from typing import Any, Protocol
+
+import numpy as np
+
+from voice.actions import action_instructions
+from voice.config import Config
+from voice.events import (Event, EventHandler, PauseHeard, SpeechResumed, SpeechStarted, SpeechStopped, State,
+                          StateChanged, TranscriptPartial, TurnDone)
+from voice.latency import LatencyStats, LatencyTrace
+from voice.listener import ListenEvent, Listener, Utterance, UtteranceEnded
+from voice.turn import EarlyReply, Turn, TurnContext
+
+log = logging.getLogger("specvoice.session")
+
+
+class Host(Protocol):
+    """What a session needs from the assistant that holds the models (voice.assistant.Assistant)."""
+
+    config: Config
+    engine: Any
+    tts: Any
+    stats: LatencyStats
+
+    @property
+    def generation_turn(self) -> asyncio.Lock: ...
+    def listener(self, *, endpointing: bool = True) -> Listener: ...
+    def decode_settings(self, **overrides: Any) -> Any: ...
+    def broadcast(self, session_id: str, event: Event) -> None: ...
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None: ...
+    async def cancel_and_wait(self, task: asyncio.Future[Any] | None) -> None: ...
+    def forget(self, session: Session) -> None: ...
+
+
+class Session:
+    """One conversation with its own history, KV caches and listener. Call everything from the event loop."""
+
+    def __init__(self, assistant: Host, on_event: EventHandler | None = None, *, sink: Any = None,
+                 name: str = "", endpointing: bool = True) -> None:
+        cfg = assistant.config
+        self.assistant = assistant
+        self.config = cfg
+        self.id = name or uuid.uuid4().hex[:8]
+        self.sink = sink
+        self.state = State.IDLE
+        self._on_event = on_event or (lambda event: None)
+        allowed = {topic: list(payloads) for topic, payloads in cfg.mqtt.allowed_actions.items()}
+        system_prompt = cfg.dialog.system_prompt
+        if allowed:
+            system_prompt += "\n\n" + action_instructions(allowed)
+        self.conversation = assistant.engine.conversation(system_prompt, cfg.dialog.history_tokens)
+        self.listener: Listener = assistant.listener(endpointing=endpointing)
+        self.ctx = TurnContext(conversation=self.conversation, decode=assistant.decode_settings(), tts=assistant.tts,
+                               tts_config=cfg.tts, sink=sink, emit=self.emit, set_state=self._set_state,
+                               generation_lock=assistant.generation_turn, stats=assistant.stats,
+                               turn_timeout_s=cfg.dialog.turn_timeout_s, stt_timeout_s=cfg.dialog.stt_timeout_s,
+                               allowed_actions=allowed, session_id=self.id)
+        self._turn_ids = itertools.count(1)
+        self._listen_trace: LatencyTrace | None = None
+        self._turn: Turn | None = None
+        self._early: EarlyReply | None = None  # a reply started on the pause transcript (dialog.early_reply)
+        self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
+        self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
+        self._closed = False
+        # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
+        self._warm = assistant.spawn(self.conversation.warm())
+
+    # ---- events and state -----------------------------------------------------------------------------------
+
+    @property
+    def history(self) -> list[dict]:
+        return self.conversation.messages
+
+    @property
+    def decode(self) -> Any:
+        """The decode settings of this session's turns (llm.engine.DecodeSettings); benchmarks swap them."""
+        return self.ctx.decode
+
+    @decode.setter
+    def decode(self, settings: Any) -> None:
+        self.ctx.decode = settings
+
+    @property
+    def replying(self) -> bool:
+        return self._turn is not None and not self._turn.done
+
+    @property
+    def last_turn(self) -> Turn | None:
+        return self._turn
+
+    def emit(self, event: Event) -> None:
+        try:
+            self._on_event(event)
+        except Exception:
+            log.exception("session event handler failed", extra={"session": self.id})
+        self.assistant.broadcast(self.id, event)
+
+    def _set_state(self, state: State) -> None:
+        if state != self.state:
+            self.state = state
+            self.emit(StateChanged(state))
+
+    def _new_trace(self) -> LatencyTrace:
+        return LatencyTrace(next(self._turn_ids), budget_ms=self.config.budget.model_dump())
+
+    # ---- audio in -------------------------------------------------------------------------------------------
+
+    async def push_audio(self, samples: np.ndarray, t: float | None = None,
+                         reference: np.ndarray | None = None) -> None:
+        """Feed microphone audio (int16 mono 16 kHz). ``t``: monotonic time of its first sample (default:
+        contiguous with the last push). ``reference``: what the speaker played over the same interval (16 kHz),
+        so our own voice never counts as the user's."""
+        if self._closed:
+            raise RuntimeError(f"session {self.id} is closed")
+        self.listener.replying = self.replying
+        for event in await self.listener.accept_chunk(samples, t, reference):
+            await self._on_listen_event(event)
+
+    async def _on_listen_event(self, event: ListenEvent) -> None:
+        if isinstance(event, SpeechStarted):
+            if self.replying:
+                await self._interrupt()
+            self._listen_trace = self._new_trace()
+            self._listen_trace.mark("speech_start", event.t)
+            self._set_state(State.LISTENING)
+            self.emit(event)
+        elif isinstance(event, TranscriptPartial):
+            self.emit(event)
+        elif isinstance(event, PauseHeard):
+            self._start_early(event.text)
+        elif isinstance(event, SpeechResumed):
+            await self._drop_early()  # the early reply answered a question not yet asked
+        elif isinstance(event, UtteranceEnded):
+            self._answer(event)
+
+    def _answer(self, ended: UtteranceEnded) -> None:
+        """The user's turn is over: transcribe it and reply, in a turn that a barge-in can cancel."""
+        u = ended.utterance
+        trace, self._listen_trace = self._listen_trace or self._new_trace(), None
+        trace.mark("speech_start", u.speech_start)
+        trace.mark("speech_end", u.speech_end)
+        trace.mark("endpoint", u.endpoint)
+        self.emit(SpeechStopped(u.speech_end, cut=u.cut))
+        early, self._early = self._early, None
+        self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
+
+    def _start_early(self, text: str) -> None:
+        """The user paused and the transcript covers all their speech: start the reply now, while the end of the
+        turn is still being decided. Its tokens are held, not spoken, until the turn confirms the same words;
+        if the user goes on, or the final transcript differs, it is dropped and the history never sees it."""
+        if not self.config.dialog.early_reply or not text.strip() or self.replying or self._early is not None:
+            return
+        self._early = EarlyReply(self.ctx, text, on_adopt=self._count_adopted)
+        self.early_replies["started"] += 1
+
+    def _count_adopted(self) -> None:
+        self.early_replies["adopted"] += 1
+
+    async def _drop_early(self) -> None:
+        early, self._early = self._early, None
+        if early is not None:
+            await early.discard()
+
+    async def end_utterance(self) -> bool:
+        """End the user's speech now and answer it (a client that knows better than the VAD, or a manual
+        commit): the utterance in progress, or with endpointing off everything pushed so far. False: no speech."""
+        ended = self.listener.end()
+        if ended is None:
+            return False
+        if self.replying:
+            await self._interrupt()
+        self._answer(ended)
+        return True
+
+    def take_utterance(self) -> Utterance | None:
+        """End the utterance in progress without answering it (a client that decides itself when to ask for a
+        response); ``await utterance.final()`` gives its transcript."""
+        ended = self.listener.end()
+        return ended.utterance if ended is not None else None
+
+    def clear_audio(self) -> None:
+        self.listener.clear()
+
+    def set_endpointing(self, on: bool) -> None:
+        """Turn detection on (the VAD ends turns) or off (the client ends them); audio in progress is dropped."""
+        if on != self.listener.endpointing:
+            old, self.listener = self.listener, self.assistant.listener(endpointing=on)
+            self.assistant.spawn(old.close())
+
+    # ---- text in --------------------------------------------------------------------------------------------
+
+    async def ask(self, text: str, *, speak: bool = True) -> TurnDone:
+        """A text turn: the reply is generated (and spoken) with the same events as a voice turn."""
+        text = text.strip()
+        if not text:
+            raise ValueError("ask() needs a non-empty question")
+        await self._interrupt()
+        trace = self._new_trace()
+        trace.mark("turn_start", time.monotonic())
+        self._turn = turn = Turn(self.ctx, text, trace, speak=speak).start()
+        done = await turn.wait()
+        assert done is not None
+        return done
+
+    async def say(self, text: str) -> TurnDone | None:
+        """Speak ``text`` now, without the LLM and without touching the history (announcements)."""
+        await self._interrupt()
+        trace = self._new_trace()
+        trace.mark("turn_start", time.monotonic())
+        self._turn = turn = Turn(self.ctx, text, trace, source=text).start()
+        return await turn.wait()
+
+    async def wait_turn(self) -> TurnDone | None:
+        """Wait for the turn in progress (if any) to finish; returns its TurnDone."""
+        return await self._turn.wait() if self._turn is not None else None
+
+    def truncate(self, heard_ms: float) -> str | None:
+        """The client says the listener heard only ``heard_ms`` of the last reply's audio
+        (conversation.item.truncate): the history keeps the words heard by then. Returns the kept text, or None
+        when there is no reply to cut."""
+        turn = self._turn
+        if turn is None:
+            return None
+        return turn.truncate(heard_ms / 1000.0)
+
+    # ---- stopping -------------------------------------------------------------------------------------------
+
+    async def _interrupt(self) -> None:
+        """Stop the reply in progress (and any early reply): the turn commits what was heard."""
+        await self._drop_early()
+        if self.sink is not None and self.replying:
+            self.sink.flush()
+        if self._turn is not None:
+            await self._turn.cancel()
+
+    async def cancel(self) -> None:
+        """Client-requested stop (response.cancel, MQTT cancel): same as a barge-in, then idle."""
+        await self._interrupt()
+        self._set_state(State.IDLE)
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        await self.assistant.cancel_and_wait(self._warm)
+        await self._interrupt()
+        await self.listener.close()
+        self.assistant.forget(self)

@@ -1,0 +1,389 @@
+"""One turn of the assistant: the user's words in, the spoken reply out, the history written once.
+
+    user text -> llm stream of accepted tokens -> action filter -> clause chunker -> TTS (piper) -> sink
+
+Two tasks joined by a bounded queue: the producer reads the decoder's stream and cuts it into fragments; the
+speaker synthesizes each fragment and hands its audio to the sink, so the first clause is heard while the rest
+is still being generated. There is one way to stop a turn: cancel its task (``Turn.cancel``: a barge-in, a
+client's cancel, shutdown), which stops both stages between two steps. Whatever ended it, the turn then writes
+the exchange into the conversation exactly once, with the reply as far as the sink says the user heard it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from audio.resample import resample
+from voice.actions import ActionParser
+from voice.chunker import Chunker
+from voice.config import TTSConfig
+from voice.events import (ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone,
+                          TurnError)
+from voice.latency import LatencyStats, LatencyTrace
+from voice.listener import Utterance
+from voice.reply import ReplyOutcome, SpokenFragment, StageError
+
+log = logging.getLogger("specvoice.turn")
+
+
+@dataclass
+class TurnContext:
+    """What every turn of one session speaks with; built once by the session."""
+
+    conversation: Any  # llm.engine.Conversation
+    decode: Any  # llm.engine.DecodeSettings
+    tts: Any  # voice.tts.TextToSpeech
+    tts_config: TTSConfig
+    sink: Any  # audio.sinks.AudioSink, or None: the audio goes nowhere but in ReplyAudio events
+    emit: Callable[[Event], None]
+    set_state: Callable[[State], None]
+    generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
+    stats: LatencyStats
+    turn_timeout_s: float
+    stt_timeout_s: float
+    allowed_actions: dict[str, list[str]]
+    session_id: str = ""
+
+    def chunker(self) -> Chunker:
+        return Chunker.from_config(self.tts_config)
+
+
+Pieces = AsyncIterator[Any]  # of llm Emission (.text, .t) or plain str
+
+
+class Turn:
+    """One reply, from the user's words to the last sample handed to the sink. ``start()`` runs it in its own
+    task; ``cancel()`` stops it and waits until it has committed; ``wait()`` returns its ``TurnDone`` (None for a
+    voice turn whose transcript was empty).
+
+    Where the words come from: ``utterance`` (a voice turn: its final transcript is the question), else
+    ``text``. ``source``: None asks the LLM and commits the exchange to the history; a string is spoken as it is
+    (announcements; nothing is committed). ``early``: a reply already generating on the pause transcript, which
+    the turn adopts when the final transcript is the same words, and drops otherwise."""
+
+    def __init__(self, ctx: TurnContext, text: str, trace: LatencyTrace, *, speak: bool = True,
+                 source: str | None = None, utterance: Utterance | None = None,
+                 early: EarlyReply | None = None) -> None:
+        self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
+        self.source, self.utterance, self.early = source, utterance, early
+        self.outcome = ReplyOutcome()
+        self.interrupted = False
+        self.task: asyncio.Task[TurnDone | None] | None = None
+        self._commits = source is None  # a fixed text never reaches the conversation
+        self._holding = False  # this turn holds the generation lock
+        self._heard_cap: int | None = None  # the client said it heard only this many samples (truncate)
+        self._committed: str | None = None  # the assistant message this turn wrote
+
+    @property
+    def done(self) -> bool:
+        return self.task is not None and self.task.done()
+
+    def start(self) -> Turn:
+        self.task = asyncio.create_task(self._run(), name=f"turn {self.trace.turn_id}")
+        return self
+
+    async def cancel(self) -> None:
+        """Stop the turn (between two decoder steps or TTS sentences) and wait until it has committed."""
+        if self.task is not None and not self.task.done():
+            self.task.cancel()
+        if self.task is not None:
+            await asyncio.gather(self.task, return_exceptions=True)
+
+    async def wait(self) -> TurnDone | None:
+        assert self.task is not None, "start() the turn first"
+        return await asyncio.shield(self.task)
+
+    def truncate(self, heard_s: float) -> str | None:
+        """The listener heard only the first ``heard_s`` seconds of this reply's audio. While the turn runs, that
+        caps what it will commit; afterwards the committed message is cut to the words heard by then."""
+        samples = max(0, int(heard_s * self.ctx.tts.sample_rate))
+        if not self.done:
+            self._heard_cap = samples if self._heard_cap is None else min(samples, self._heard_cap)
+            return None
+        messages = self.ctx.conversation.messages
+        if self._committed is None or not messages or messages[-1] != {"role": "assistant",
+                                                                       "content": self._committed}:
+            return None  # nothing of ours to cut (no reply, or a later turn came since)
+        heard = self.outcome.heard_text(samples)
+        try:
+            self.ctx.conversation.trim_last_reply(heard)
+        except ValueError:  # the reply held action markers the listener never heard: keep it as it was
+            log.info("history kept untrimmed", extra={"session": self.ctx.session_id, "heard": heard})
+            return None
+        self._committed = messages[-1]["content"] if messages[-1]["role"] == "assistant" else None
+        return heard
+
+    # ---- the turn --------------------------------------------------------------------------------------------
+
+    async def _run(self) -> TurnDone | None:
+        ctx, trace = self.ctx, self.trace
+        ctx.set_state(State.THINKING)
+        if self.utterance is not None:
+            try:
+                text = await self._hear(self.utterance)
+            except asyncio.CancelledError:  # barge-in before the transcript was ready: nothing was said back
+                await self._drop_early()
+                self.interrupted = True
+                trace.mark("turn_end", time.monotonic())
+                done = TurnDone(trace.turn_id, self.utterance.stream.text, "", True, trace.to_dict())
+                ctx.emit(done)
+                return done
+            if text is None:
+                await self._drop_early()
+                return None
+            self.text = text
+        parser = ActionParser(ctx.allowed_actions) if ctx.allowed_actions and self._commits else None
+        sink = ctx.sink if self.speak else None
+        if sink is not None:
+            sink.begin_utterance()
+        error: StageError | None = None
+        try:
+            if isinstance(self.source, str):
+                pieces = _once(self.source)
+            elif self.early is not None:
+                trace.extra["early_reply"] = True
+                pieces = self.early.adopt()
+            else:
+                await ctx.generation_lock.acquire()  # waiting for other sessions is not counted in the timeout
+                self._holding = True
+                pieces = self._generate()
+            async with asyncio.timeout(ctx.turn_timeout_s):
+                await self._speak(pieces, sink, parser)
+        except asyncio.CancelledError:
+            self.interrupted = True
+        except StageError as exc:
+            error = exc
+        except TimeoutError as exc:
+            error = StageError("timeout", exc)
+        finally:
+            self._release()
+        return self._finish(parser, sink, error)
+
+    async def _hear(self, utterance: Utterance) -> str | None:
+        """The final transcript (None: nothing to answer); an early reply is kept only if it heard the same."""
+        ctx, trace = self.ctx, self.trace
+        try:
+            async with asyncio.timeout(ctx.stt_timeout_s):
+                text = await utterance.final()
+        except Exception as exc:
+            message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            ctx.emit(TurnError(trace.turn_id, "stt", message))
+            log.warning("turn failed", extra={"session": ctx.session_id, "stage": "stt", "error": message})
+            ctx.set_state(State.IDLE)
+            return None
+        trace.mark("stt_final", time.monotonic())
+        ctx.emit(TranscriptFinal(text))
+        if self.early is not None and (self.early.text.strip() != text or not self.early.alive):
+            await self._drop_early()  # the guess was wrong: forgotten, and the real question answered
+        if not text:
+            ctx.set_state(State.IDLE)
+            return None
+        return text
+
+    async def _drop_early(self) -> None:
+        early, self.early = self.early, None
+        if early is not None:
+            await early.discard()
+
+    def _release(self) -> None:
+        if self._holding:
+            self._holding = False
+            self.ctx.generation_lock.release()
+
+    async def _generate(self) -> Pieces:
+        """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
+        stream = self.ctx.conversation.reply(self.text, self.ctx.decode, commit=False)
+        try:
+            async for emission in stream:
+                yield emission
+        finally:
+            await stream.aclose()  # at once, not when the garbage collector gets to it: the conversation is free
+            self._release()
+
+    def _finish(self, parser: ActionParser | None, sink: Any, error: StageError | None) -> TurnDone:
+        ctx, trace, outcome = self.ctx, self.trace, self.outcome
+        trace.mark("turn_end", time.monotonic())
+        heard = outcome.text.strip()
+        cut = self._heard_cap is not None or (self.interrupted and sink is not None)
+        if cut:
+            heard = outcome.heard_text(self._heard_samples(sink))
+        if self._commits and ctx.conversation.uncommitted:
+            # the exchange enters the history once: the whole reply (with its action markers) when it was all
+            # delivered, else the words the user heard
+            complete = not cut and not self.interrupted and error is None
+            self._committed = outcome.raw.strip() if complete else heard
+            ctx.conversation.commit(self._committed)
+            self._committed = self._committed or None
+        stats = ctx.conversation.last_stats if self._commits else None
+        trace.extra.update({"interrupted": self.interrupted,
+                            "decoder": stats.to_dict() if stats is not None else None})
+        for request in (parser.requests if parser else []):
+            ctx.emit(request if isinstance(request, ActionRequested) else ActionRequested(**request))
+        if error is not None:
+            ctx.emit(TurnError(trace.turn_id, error.stage, str(error)))
+            log.warning("turn failed", extra={"session": ctx.session_id, "stage": error.stage, "error": str(error)})
+        done = TurnDone(trace.turn_id, self.text, heard, self.interrupted, trace.to_dict())
+        ctx.stats.add(trace)
+        ctx.emit(done)
+        log.info("turn", extra={"session": ctx.session_id, **trace.to_dict()})
+        if not self.interrupted:
+            ctx.set_state(State.IDLE)
+        return done
+
+    def _heard_samples(self, sink: Any) -> int:
+        """How much of the reply's audio (at the voice's rate) the listener heard, by the sink's heard port and
+        the client's own word (truncate), whichever is less."""
+        heard = self.outcome.samples_out
+        if sink is not None:
+            heard = int(sink.heard_samples() * self.ctx.tts.sample_rate / sink.sample_rate)
+        return heard if self._heard_cap is None else min(heard, self._heard_cap)
+
+    # ---- speaking ------------------------------------------------------------------------------------------
+
+    async def _speak(self, pieces: Pieces, sink: Any, parser: ActionParser | None, queue_size: int = 8) -> None:
+        """Run the reply to the end (or until cancelled); ``self.outcome`` is filled in as it goes."""
+        fragments: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
+        producer = asyncio.create_task(self._produce(pieces, fragments, parser))
+        try:
+            while (text := await fragments.get()) is not None:
+                frag = SpokenFragment(text, start_sample=self.outcome.samples_out)
+                self.outcome.fragments.append(frag)
+                if not self.speak:
+                    frag.done = True
+                    continue
+                try:
+                    await self._speak_fragment(frag, sink)
+                except asyncio.CancelledError:
+                    raise
+                except Exception as exc:
+                    raise StageError("tts", exc) from exc
+            if sink is not None:
+                await sink.drain()
+                if sink.first_audible_t is not None:
+                    self.trace.mark("playback_start", sink.first_audible_t)
+            await producer
+        finally:
+            if not producer.done():
+                producer.cancel()
+                await asyncio.gather(producer, return_exceptions=True)
+
+    async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None],
+                       parser: ActionParser | None) -> None:
+        trace, chunker, outcome = self.trace, self.ctx.chunker(), self.outcome
+
+        async def put(text: str) -> None:
+            if text:
+                self.ctx.emit(ReplyTextDelta(text))  # clients see what is spoken, never action markers
+            outcome.text += text
+            for frag in chunker.push(text):
+                trace.mark("first_fragment", time.monotonic())
+                await fragments.put(frag)
+
+        try:
+            async for piece in pieces:
+                text = piece if isinstance(piece, str) else piece.text
+                trace.mark("llm_first_token", time.monotonic() if isinstance(piece, str) else piece.t)
+                outcome.raw += text
+                await put(parser.push(text) if parser else text)
+            await put(parser.flush() if parser else "")
+            for frag in chunker.flush():
+                trace.mark("first_fragment", time.monotonic())
+                await fragments.put(frag)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            await fragments.put(None)  # the speaker finishes what it has, then the error surfaces
+            raise StageError("llm", exc) from exc
+        finally:
+            await pieces.aclose()  # cancelled while waiting on the queue: the stream stops now, not at collection
+        await fragments.put(None)
+
+    async def _speak_fragment(self, frag: SpokenFragment, sink: Any) -> None:
+        tts, trace = self.ctx.tts, self.trace
+        async for pcm in tts.stream(frag.text):
+            if pcm.size == 0:
+                continue
+            trace.mark("tts_first_audio", time.monotonic())
+            self.ctx.set_state(State.SPEAKING)
+            self.ctx.emit(ReplyAudio(pcm, tts.sample_rate))
+            if sink is not None:
+                await sink.write(pcm if sink.sample_rate == tts.sample_rate
+                                 else resample(pcm, tts.sample_rate, sink.sample_rate))
+                if sink.first_audible_t is not None:
+                    trace.mark("playback_start", sink.first_audible_t)
+            else:
+                trace.mark("playback_start", time.monotonic())  # handed to the transport
+            frag.n_samples += len(pcm)
+            self.outcome.samples_out += len(pcm)
+        frag.done = True
+
+
+async def _once(text: str) -> Pieces:
+    yield text
+
+
+class EarlyReply:
+    """A reply generated from the pause transcript before the end of the turn is decided. Its emissions wait in
+    a queue until a turn adopts it; until then nothing is spoken or sent, and a reply that is dropped leaves the
+    conversation as if it never ran (it is never committed)."""
+
+    def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
+        self.ctx, self.text = ctx, text
+        self._on_adopt = on_adopt
+        self._adopted = False
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
+        self._task = asyncio.create_task(self._generate(), name="early reply")
+
+    @property
+    def alive(self) -> bool:
+        return not self._task.cancelled()
+
+    async def _generate(self) -> None:
+        ctx = self.ctx
+        await ctx.generation_lock.acquire()
+        try:
+            stream = ctx.conversation.reply(self.text, ctx.decode, commit=False)
+            try:
+                async for emission in stream:
+                    self._queue.put_nowait(emission)
+            finally:
+                await stream.aclose()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaces in the turn that adopts this reply
+            self._queue.put_nowait(exc)
+        finally:
+            ctx.generation_lock.release()
+            self._queue.put_nowait(None)
+
+    async def discard(self) -> None:
+        """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if not self._adopted and self.ctx.conversation.uncommitted:
+            self.ctx.conversation.discard()
+
+    def adopt(self) -> Pieces:
+        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
+        early (barge-in) stops the generation; the turn then commits what was heard, like any reply."""
+        self._adopted = True
+        if self._on_adopt is not None:
+            self._on_adopt()
+        return self._pieces()
+
+    async def _pieces(self) -> Pieces:
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
