@@ -1,6 +1,9 @@
 """The web page at ``/``, in a real browser: Debian's Chromium, headless, driven by selenium, with a WAV file as
 its microphone, talking to `serve()` on the small real models.
 
+Firefox (Debian's firefox-esr) runs the page too, driven over WebDriver BiDi, which Firefox speaks itself (no
+geckodriver); its fake microphone is a tone, so there it streams the microphone and answers a typed turn.
+
 What a person would check: the page shows the transcript of what was said and the reply as it streams, the
 reply is heard (the page's player counts the non-silent samples it hands to the speakers), speaking over a
 reply silences it and tells the server how much was heard, and the latency waterfall is drawn. Screenshots go
@@ -13,10 +16,12 @@ convention for browsers, which cannot set an Authorization header).
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import json
 import os
 import shutil
+import subprocess
 import time
 import urllib.error
 import urllib.request
@@ -28,7 +33,7 @@ import numpy as np
 import pytest
 from broker import free_port
 from serving import serving
-from websockets.asyncio.client import connect
+from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from audio.wavfile import write_wav
@@ -38,6 +43,7 @@ from voice.speechset import espeak_utterance, wer
 
 CHROMIUM = "/usr/lib/chromium/chromium"     # not /usr/bin/chromium: its wrapper script prints shell noise
 CHROMEDRIVER = "/usr/bin/chromedriver"
+FIREFOX = "firefox-esr"
 ARTEFACTS = Path(__file__).resolve().parent.parent / "bench-results" / "web-page"
 TOKEN = "page-test-token"
 WIRE = 24000
@@ -140,11 +146,8 @@ def utterance_wav(path: Path, parts: list[tuple[str, float]]) -> Path:
 @contextlib.contextmanager
 def chromium(microphone: Path, profile: Path) -> Iterator[Any]:
     """Headless Chromium whose microphone is ``microphone`` (played once, then silence)."""
-    if not (os.path.exists(CHROMIUM) and shutil.which(CHROMEDRIVER)):
-        message = "Debian's chromium and chromium-driver are needed: apt-get install chromium chromium-driver"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    need(CHROMIUM, "chromium")
+    need(CHROMEDRIVER, "chromium-driver")
     from selenium import webdriver
     from selenium.webdriver.chrome.service import Service
 
@@ -183,6 +186,16 @@ def wait_for(driver, what: str, check, timeout: float = 150.0) -> dict[str, Any]
 def texts(driver, selector: str) -> list[str]:
     return driver.execute_script(
         f"return [...document.querySelectorAll({json.dumps(selector)})].map(e => e.textContent)")
+
+
+def need(program: str, package: str) -> None:
+    """Skip where the browser is not installed, fail in CI (make system-deps installs it there)."""
+    if shutil.which(program) or os.path.exists(program):
+        return
+    message = f"Debian's {package} is needed: apt-get install {package} (make system-deps)"
+    if os.environ.get("CI"):
+        pytest.fail(message)
+    pytest.skip(message)
 
 
 def severe_console(driver) -> list[str]:
@@ -269,3 +282,113 @@ async def test_browser_barge_in_silences_the_reply_and_says_how_much_was_heard(a
     assert state["console"] == []
     # until the server honours conversation.item.truncate it answers an error naming it: shown, not fatal
     assert all("conversation.item.truncate" in e["message"] for e in state["errors"]), state["errors"]
+
+
+# ---- Firefox, over WebDriver BiDi --------------------------------------------------------------------------------
+
+class Bidi:
+    """Just enough WebDriver BiDi to drive one page: commands, and the console log kept as it arrives."""
+
+    def __init__(self, ws: ClientConnection) -> None:
+        self.ws, self.console, self._ids, self._waiting = ws, [], iter(range(1, 1 << 30)), {}
+        self._reader = asyncio.create_task(self._read())
+
+    async def _read(self) -> None:
+        async for raw in self.ws:
+            message = json.loads(raw)
+            if message.get("id") in self._waiting:
+                self._waiting.pop(message["id"]).set_result(message)
+            elif message.get("method") == "log.entryAdded":
+                self.console.append(f"{message['params'].get('level')}: {message['params'].get('text')}")
+
+    async def call(self, method: str, **params: Any) -> dict[str, Any]:
+        number = next(self._ids)
+        self._waiting[number] = asyncio.get_running_loop().create_future()
+        await self.ws.send(json.dumps({"id": number, "method": method, "params": params}))
+        answer = await asyncio.wait_for(self._waiting[number], 60)
+        assert answer.get("type") != "error", answer
+        return answer["result"]
+
+    async def evaluate(self, context: str, expression: str) -> Any:
+        result = await self.call("script.evaluate", expression=expression, target={"context": context},
+                                 awaitPromise=True)
+        assert result["type"] == "success", result
+        return result["result"].get("value")
+
+
+@contextlib.asynccontextmanager
+async def firefox(tmp_path: Path):
+    """Headless Firefox with a fake microphone and a private PulseAudio null sink (with no audio output at all
+    Firefox never starts an AudioContext)."""
+    need(FIREFOX, "firefox-esr")
+    need("pulseaudio", "pulseaudio")
+    profile, run = tmp_path / "firefox", tmp_path / "pulse"
+    profile.mkdir()
+    run.mkdir()
+    prefs = {"media.navigator.streams.fake": True, "media.navigator.permission.disabled": True,
+             "media.autoplay.default": 0, "media.autoplay.block-webaudio": False, "app.update.enabled": False,
+             "datareporting.policy.dataSubmissionEnabled": False, "browser.shell.checkDefaultBrowser": False}
+    (profile / "user.js").write_text("".join(f'user_pref("{k}", {json.dumps(v)});\n' for k, v in prefs.items()))
+    env = {**os.environ, "PULSE_RUNTIME_PATH": str(run), "PULSE_STATE_PATH": str(run),
+           "PULSE_SERVER": f"unix:{run / 'native'}"}
+    pulse = subprocess.Popen(["pulseaudio", "-n", "--daemonize=no", "--exit-idle-time=-1",
+                              "--load=module-null-sink sink_name=spk", "--load=module-always-sink",
+                              f"--load=module-native-protocol-unix socket={run / 'native'}"],
+                             env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    port = free_port()
+    browser = subprocess.Popen([FIREFOX, "--headless", "--no-remote", "--profile", str(profile),
+                                f"--remote-debugging-port={port}", "about:blank"],
+                               env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    ws = None
+    try:
+        for _ in range(120):
+            try:
+                ws = await connect(f"ws://127.0.0.1:{port}/session", max_size=1 << 26)
+                break
+            except OSError:
+                await asyncio.sleep(0.25)
+        assert ws is not None, "Firefox did not open its WebDriver BiDi port in 30 s"
+        bidi = Bidi(ws)
+        await bidi.call("session.new", capabilities={})
+        await bidi.call("session.subscribe", events=["log.entryAdded"])
+        yield bidi
+    finally:
+        if ws is not None:
+            await ws.close()
+        for process in (browser, pulse):
+            process.terminate()
+            await asyncio.to_thread(process.wait, 15)
+
+
+async def test_firefox_streams_the_microphone_and_plays_a_typed_turn(assistant, tmp_path):
+    config = make_config(assistant.config, token=TOKEN)
+    async with serving(config, assistant), firefox(tmp_path) as bidi:
+        context = (await bidi.call("browsingContext.getTree"))["contexts"][0]["context"]
+        await bidi.call("browsingContext.navigate", context=context, wait="complete",
+                        url=f"http://127.0.0.1:{config.server.port}/#token={TOKEN}")
+
+        async def state() -> dict[str, Any]:
+            return json.loads(await bidi.evaluate(context, "JSON.stringify(window.specvoice)"))
+
+        await bidi.evaluate(context, "document.getElementById('start').click()")
+        deadline = time.monotonic() + 60
+        while (s := await state())["micSamplesSent"] < WIRE and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        assert s["connected"] and s["micSamplesSent"] >= WIRE, s     # the worklet resamples Firefox's mic
+        await bidi.evaluate(context, "document.getElementById('typed').value = 'Say hello to Bob.';"
+                                     "document.getElementById('type-form').requestSubmit()")
+        deadline = time.monotonic() + 150
+        while not ((s := await state())["trace"] and s["replies"] and s["playedFrames"] > 0
+                   and s["status"] == "listening") and time.monotonic() < deadline:
+            await asyncio.sleep(0.25)
+        rows = json.loads(await bidi.evaluate(context, "JSON.stringify([...document.querySelectorAll("
+                                                       "'#waterfall-svg g.row')].map(g => g.dataset.stage))"))
+        shot = await bidi.call("browsingContext.captureScreenshot", context=context)
+    ARTEFACTS.mkdir(parents=True, exist_ok=True)
+    (ARTEFACTS / "firefox.png").write_bytes(base64.b64decode(shot["data"]))
+    print(f"\nFirefox: reply {s['reply']!r}; text-to-voice {s['trace']['stages_ms'].get('text_to_voice')} ms; "
+          f"{s['nonSilentFrames']} non-silent of {s['playedFrames']} samples played at {s['outputRate']} Hz")
+    assert s["errors"] == [] and s["reply"].strip(), s
+    assert s["nonSilentFrames"] >= 0.3 * s["outputRate"]
+    assert "text_to_voice" in rows and "llm_first_token" in rows
+    assert not [line for line in bidi.console if line.startswith("error")], bidi.console

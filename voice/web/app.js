@@ -341,10 +341,19 @@ function onMicMessage(msg) {
   state.micSamplesSent += msg.pcm.length;
 }
 
+// A promise that gives up: a browser with no audio output never starts its AudioContext, and says nothing.
+function within(ms, promise, what) {
+  let timer;
+  const timeout = new Promise((_, reject) => { timer = setTimeout(() => reject(new Error(what)), ms); });
+  return Promise.race([promise, timeout]).finally(() => clearTimeout(timer));
+}
+
 async function startAudio() {
   ctx = new AudioContext({ latencyHint: "interactive" });
   await ctx.audioWorklet.addModule("worklet.js");
-  if (ctx.state !== "running") await ctx.resume();
+  if (ctx.state !== "running") {
+    await within(5000, ctx.resume(), "the browser did not start audio output (is there an output device?)");
+  }
   player = new AudioWorkletNode(ctx, "reply-player", { numberOfInputs: 0, outputChannelCount: [1] });
   player.port.onmessage = (e) => onPlayerMessage(e.data);
   player.connect(ctx.destination);

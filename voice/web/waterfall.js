@@ -33,9 +33,10 @@ function el(name, attrs = {}, text = null) {
   return node;
 }
 
-function niceStep(span) {
+// A round tick step giving at most `most` ticks over `span` ms.
+function niceStep(span, most) {
   for (const step of [10, 20, 50, 100, 200, 250, 500, 1000, 2000, 2500, 5000, 10000, 20000]) {
-    if (span / step <= 8) return step;
+    if (span / step <= most) return step;
   }
   return 50000;
 }
@@ -68,9 +69,10 @@ export function drawWaterfall(svg, trace, options = {}) {
   const over = new Set(trace.over_budget || []);
   const budgets = trace.budget_ms || {};
   const tmax = Math.max(1, ...rows.map((r) => r.end));
-  const step = niceStep(tmax);
-  const span = Math.ceil(tmax / step) * step;
   const plotW = WIDTH - LABEL_W - VALUE_W;
+  const seconds = tmax >= 2000;                          // axis in s past two seconds, else in ms
+  const step = niceStep(tmax, Math.max(2, Math.floor(plotW / (seconds ? 44 : 40))));
+  const span = Math.ceil(tmax / step) * step;
   const x = (ms) => LABEL_W + (ms / span) * plotW;
   const height = AXIS_H + rows.length * ROW_H + 6;
 
@@ -84,9 +86,10 @@ export function drawWaterfall(svg, trace, options = {}) {
   for (let t = 0; t <= span + 1e-9; t += step) {
     axis.append(el("line", { x1: x(t), x2: x(t), y1: AXIS_H - 6, y2: height, class: "grid" }));
     axis.append(el("text", { x: x(t), y: AXIS_H - 11, "text-anchor": "middle" },
-                   t >= 1000 ? `${(t / 1000).toFixed(step % 1000 ? 1 : 0)} s` : `${t}`));
+                   seconds ? (t / 1000).toFixed(step % 1000 ? 1 : 0) : `${t}`));
   }
-  axis.append(el("text", { x: LABEL_W - 10, y: AXIS_H - 11, "text-anchor": "end", class: "unit" }, "ms"));
+  axis.append(el("text", { x: LABEL_W - 10, y: AXIS_H - 11, "text-anchor": "end", class: "unit" },
+                 seconds ? "s" : "ms"));
   svg.append(axis);
 
   rows.forEach((r, i) => {
