@@ -71,7 +71,7 @@ export function drawWaterfall(svg, trace, options = {}) {
   const tmax = Math.max(1, ...rows.map((r) => r.end));
   const plotW = WIDTH - LABEL_W - VALUE_W;
   const seconds = tmax >= 2000;                          // axis in s past two seconds, else in ms
-  const step = niceStep(tmax, Math.max(2, Math.floor(plotW / (seconds ? 44 : 40))));
+  const step = niceStep(tmax, Math.max(2, Math.floor(plotW / (seconds ? 32 : 40))));   // label widths
   const span = Math.ceil(tmax / step) * step;
   const x = (ms) => LABEL_W + (ms / span) * plotW;
   const height = AXIS_H + rows.length * ROW_H + 6;
