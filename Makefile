@@ -18,13 +18,17 @@ $(VENV)/.installed: pyproject.toml
 
 install: $(VENV)/.installed
 
-# Debian packages the test suite uses (a real broker, real audio devices, espeak-ng speech, systemd-analyze).
+# Debian packages the test suite uses (a real broker, real audio devices, espeak-ng speech, systemd-analyze,
+# headless Chromium and Firefox for the web page).
 system-deps:
 	@if ! command -v mosquitto >/dev/null || ! command -v espeak-ng >/dev/null || ! command -v pulseaudio >/dev/null \
-	   || ! command -v sox >/dev/null || ! command -v systemd-analyze >/dev/null || ! ldconfig -p | grep -q libportaudio; then \
+	   || ! command -v sox >/dev/null || ! command -v systemd-analyze >/dev/null || ! ldconfig -p | grep -q libportaudio \
+	   || ! command -v chromedriver >/dev/null || ! [ -x /usr/lib/chromium/chromium ] \
+	   || ! command -v firefox-esr >/dev/null; then \
 	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
 	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
-	    mosquitto mosquitto-clients espeak-ng libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins sox systemd >/dev/null; \
+	    mosquitto mosquitto-clients espeak-ng libportaudio2 pulseaudio pulseaudio-utils libasound2-plugins sox systemd \
+	    chromium chromium-driver firefox-esr >/dev/null; \
 	fi
 
 prepare-default: install

@@ -10,20 +10,66 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from collections.abc import Sequence
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
+from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
+from websockets.typing import Subprotocol
 
 from voice.metrics import CONTENT_TYPE
 from voice.transports.common import Shared
-from voice.transports.realtime import CLOSE_GOING_AWAY, CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
+from voice.transports.realtime import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
+from voice.web import page_file
 
 log = logging.getLogger("specvoice.realtime")
 
 PATHS = ("/v1/realtime", "/realtime")
 METRICS_PATH = "/metrics"
+SUBPROTOCOL = "realtime"  # what a browser offers, and we select, for the Realtime API
+KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the token: how a browser (no custom headers) sends it
+
+
+# ---- the handshake: tokens, subprotocols, the page -----------------------------------------------------------
+
+def offered_subprotocols(request: Request) -> list[str]:
+    """The subprotocols a client offered (Sec-WebSocket-Protocol, comma-separated, possibly repeated)."""
+    return [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol")
+            for p in value.split(",") if p.strip()]
+
+
+def offered_token(request: Request) -> str | None:
+    """The client's token, from the first place that has one: ``Authorization: Bearer``, the subprotocol
+    ``openai-insecure-api-key.<token>`` (the Realtime convention for browsers, which cannot set headers), or
+    ``?token=``."""
+    header = request.headers.get("Authorization", "")
+    if header.lower().startswith("bearer "):
+        return header[7:]
+    for protocol in offered_subprotocols(request):
+        if protocol.startswith(KEY_SUBPROTOCOL):
+            return protocol[len(KEY_SUBPROTOCOL):]
+    values = parse_qs(urlsplit(request.path).query).get("token")
+    return values[0] if values else None
+
+
+def select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotocol]) -> Subprotocol | None:
+    """Select ``realtime`` when offered, else none. A browser fails a handshake that offered subprotocols and
+    got none back; the key subprotocol is never echoed (it carries the token)."""
+    return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
+
+
+def page_response(request: Request) -> Response | None:
+    """The browser page's files (``/``, ``/app.js``, ...) with their Content-Type and a same-origin CSP; None
+    for any other path. The page holds no secret: the token is typed into it, never served."""
+    page = page_file(urlsplit(request.path).path, request.headers.get("Host"))
+    if page is None:
+        return None
+    headers = Headers(page.headers)
+    headers["Content-Length"] = str(len(page.body))
+    headers["Connection"] = "close"  # as websockets' own responses: one request per connection
+    return Response(HTTPStatus.OK.value, HTTPStatus.OK.phrase, headers, page.body)
 
 
 class RealtimeServer:
@@ -43,17 +89,14 @@ class RealtimeServer:
     async def start(self) -> None:
         s = self.config.server
         self._server = await serve(self._handle, s.host, s.port, max_size=s.max_message_bytes,
-                                   process_request=self._process_request, ping_interval=20, ping_timeout=20,
-                                   close_timeout=3)
+                                   process_request=self._process_request, select_subprotocol=select_subprotocol,
+                                   ping_interval=20, ping_timeout=20, close_timeout=3)
 
     def _authorized(self, request: Request) -> bool:
         token = self.config.server.token
         if token is None:
             return True
-        header = request.headers.get("Authorization", "")
-        offered = header[7:] if header.lower().startswith("bearer ") else None
-        if offered is None:
-            offered = (parse_qs(urlsplit(request.path).query).get("token") or [None])[0]
+        offered = offered_token(request)
         return offered is not None and hmac.compare_digest(offered.encode(), token.encode())
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
@@ -66,9 +109,12 @@ class RealtimeServer:
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = CONTENT_TYPE
             return response
+        page = page_response(request)
+        if page is not None:
+            return page
         if path not in PATHS:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no such path {path!r}; the websocket API is at "
-                                      f"{PATHS[0]} and metrics at {METRICS_PATH}\n")
+                                      f"{PATHS[0]}, the page at / and metrics at {METRICS_PATH}\n")
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -76,8 +122,8 @@ class RealtimeServer:
         assert ws.request is not None
         if not self._authorized(ws.request):
             metrics.rejected.labels("websocket", "token").inc()
-            await ws.close(CLOSE_POLICY, "missing or wrong token: send 'Authorization: Bearer <token>' or "
-                                         "?token=<token>")
+            await ws.close(CLOSE_POLICY, "missing or wrong token: send 'Authorization: Bearer <t>', subprotocol "
+                                         "openai-insecure-api-key.<t> or ?token=<t>")  # <= 123 bytes
             return
         if not slots.acquire():
             metrics.rejected.labels("websocket", "sessions").inc()
@@ -106,6 +152,3 @@ class RealtimeServer:
         self._server.close(close_connections=True)
         await self._server.wait_closed()
         self._server = None
-
-
-__all__ = ["RealtimeServer", "PATHS", "METRICS_PATH", "CLOSE_GOING_AWAY"]
