@@ -218,7 +218,7 @@ class Session:
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
         self._turn = turn = Turn(self.ctx, text, trace, speak=speak).start()
-        done = await turn.wait()
+        done = await self._wait(turn)
         assert done is not None
         return done
 
@@ -228,7 +228,16 @@ class Session:
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
         self._turn = turn = Turn(self.ctx, text, trace, source=text).start()
-        return await turn.wait()
+        return await self._wait(turn)
+
+    async def _wait(self, turn: Turn) -> TurnDone | None:
+        """The turn's result; cancelling the caller cancels the turn too (one way to stop: task cancellation)."""
+        try:
+            return await turn.wait()
+        except asyncio.CancelledError:
+            await turn.cancel()
+            self._set_state(State.IDLE)
+            raise
 
     async def wait_turn(self) -> TurnDone | None:
         """Wait for the turn in progress (if any) to finish; returns its TurnDone."""

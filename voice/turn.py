@@ -122,7 +122,8 @@ class Turn:
 
     async def _run(self) -> TurnDone | None:
         ctx, trace = self.ctx, self.trace
-        ctx.set_state(State.THINKING)
+        if not isinstance(self.source, str):  # an announcement has nothing to think about
+            ctx.set_state(State.THINKING)
         if self.utterance is not None:
             try:
                 text = await self._hear(self.utterance)
