@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncGenerator, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,7 +53,7 @@ class TurnContext:
         return Chunker.from_config(self.tts_config)
 
 
-Pieces = AsyncIterator[Any]  # of llm Emission (.text, .t) or plain str
+Pieces = AsyncGenerator[Any, None]  # of llm Emission (.text, .t) or plain str
 
 
 class Turn:
