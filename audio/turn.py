@@ -16,11 +16,14 @@ Two pieces, so the Listener can run the model off the event loop and tests can d
     ``verdict``) or END. With ``engine = "vad"`` or no model it is today's rule: END after
     ``vad_silence_ms`` of silence.
 On synthetic speech the model alone calls many unfinished requests complete ("Turn on the" spoken as a
-sentence falls in pitch like a finished one), so ``verdict`` also takes the transcript of the audio so far,
-when the caller has it (the STT's pass at the pause, which the final transcript reuses anyway; decoded with
-``TRANSCRIPT_PROMPT``): a request
-that ends on an article, a conjunction or a preposition ("for", "the", "and"), or that Whisper itself wrote
-as trailing off ("..."), is not finished whatever the audio sounds like (``transcript_unfinished``).
+sentence falls in pitch like a finished one), so ``verdict`` also takes the transcript of the audio so far
+when the caller has it (the STT's pass at the pause, decoded with ``TRANSCRIPT_PROMPT``; the final transcript
+can reuse it): a request that ends on an article, a conjunction or a preposition ("for", "the", "and"), or
+that Whisper wrote as trailing off ("..."), is not finished whatever it sounds like.
+Measured (voice.bench.stt_accuracy, this 2-core CPU, 108 paused and 108 complete synthetic requests): the
+VAD-only 500 ms rule cuts 60% of the paused requests; Smart Turn alone 65% (it also cuts 0.4 s pauses), but
+ends complete ones 200 ms sooner; with the transcript check 0-5% on this CPU, where the check's Whisper
+pass (~0.6 s) lands after most pauses have ended, and 22% if every answer came at once.
 Never imports ``voice``.
 """
 
@@ -207,7 +210,10 @@ class TurnStep:
 
 @dataclass(frozen=True)
 class TurnSettings:
-    """Plain values (``audio`` does not import the config); the ``[turn]`` config section maps onto them."""
+    """Plain values (``audio`` does not import the config); the ``[turn]`` config section maps onto them.
+    Defaults chosen from the measurements above: a higher threshold trades complete turns that wait for
+    ``max_silence_ms`` for fewer cuts (0.9: 82 of 108 complete ended by the model instead of 99), and asking
+    again later only adds cuts (the model says "complete" more often the longer the silence)."""
 
     engine: Literal["smart", "vad"] = "smart"
     threshold: float = 0.5  # P(complete) at or above which the turn ends
