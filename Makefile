@@ -33,7 +33,6 @@ system-deps:
 
 prepare-default: install
 	$(SPECVOICE) -c configs/default.toml models prepare
-	$(SPECVOICE) models prepare smart-turn-v3.2                # end-of-turn model: not yet in the config's list
 
 prepare-small: install
 	$(SPECVOICE) -c configs/small.toml models prepare

@@ -370,6 +370,8 @@ def check_models(config) -> list[str]:
         wanted.append(("draft", m.draft, "llm"))
     if config.vad.engine == "silero":
         wanted.append(("vad", m.vad, "vad"))
+    if config.turn.engine == "smart" and m.turn:
+        wanted.append(("turn", m.turn, "turn"))
     problems = []
     for key, name, kind in wanted:
         try:

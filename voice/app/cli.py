@@ -83,7 +83,8 @@ def _models(config, args) -> int:
     if args.action == "prepare":
         names = list(m.REGISTRY) if args.all else args.names
         if not names:
-            used = [config.models.target, config.models.draft, config.models.stt, config.models.tts, config.models.vad]
+            used = [config.models.target, config.models.draft, config.models.stt, config.models.tts, config.models.vad,
+                    config.models.turn if config.turn.engine == "smart" else None]
             names = [n for n in used if n]
         for name in names:
             if name not in m.REGISTRY:
