@@ -1,0 +1,115 @@
+"""One causal LM with its KV cache and the token ids that cache holds.
+
+Caches follow one rule, which makes rollback, cross-turn reuse and barge-in trimming the same operation: before
+a forward pass, a model's cache is cropped to the longest common prefix of the ids it holds and the ids we
+need, and only the rest is fed. A rejected draft token, a trimmed reply, or a re-rendered chat template all
+simply fall outside that prefix.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def head_rows(model: torch.nn.Module) -> int:
+    """Rows of the model's output head (its logits' width), whatever form the head has (Linear, quantized)."""
+    head = model.get_output_embeddings()
+    return int(getattr(head, "out_features", None) or head.weight.shape[0])
+
+
+class CachedLM:
+    """A causal LM with its own KV cache, and the token ids that cache holds (so it can be reused and cropped).
+
+    ``out_ids`` maps the logit columns to token ids when they are not simply 0..V-1: a reduced-vocabulary head
+    (column j is token out_ids[j]), or a head with a different padding than the target's. ``vocab_size`` is
+    then the width that ``full_vocab`` spreads values onto (the target's head rows). ``real_vocab``: logit
+    columns from there on are padding rows, not tokens, and are masked (-inf), so they are never produced
+    (a draft could not take them as input, and no tokenizer can decode them).
+    """
+
+    def __init__(self, model: torch.nn.Module, out_ids: torch.Tensor | None = None, vocab_size: int | None = None,
+                 real_vocab: int | None = None):
+        self.model = model
+        self.real_vocab = real_vocab
+        self.cache: Any = None  # a transformers DynamicCache once something was fed
+        self.ids: list[int] = []
+        self.out_ids = out_ids
+        self.vocab_size = vocab_size
+        self.fed_tokens = 0  # tokens run through the model (prefill + decode), for stats
+
+    def crop(self, n: int) -> None:
+        n = min(n, len(self.ids))
+        held = self.cache.get_seq_length() if self.cache is not None else 0  # > len(ids) only after a tree pass
+        if n == 0:
+            self.cache = None
+        elif n < held:
+            self.cache.crop(n - held)  # a negative count: how many tokens to remove
+        self.ids = self.ids[:n]
+
+    def keep_prefix_of(self, seq: list[int]) -> int:
+        """Crop to the common prefix with seq; return how many tokens of seq the cache still holds."""
+        self.crop(common_prefix(self.ids, seq))
+        return len(self.ids)
+
+    def forward(self, feed: list[int], n_out: int, **kwargs: Any) -> torch.Tensor:
+        """One pass over ``feed`` on top of the cache; the last n_out rows of logits (float32). A pass that
+        fails half-way may have grown some layers of the cache: then the whole cache is forgotten."""
+        try:
+            with torch.no_grad():
+                out = self.model(input_ids=torch.tensor([feed], device=self.device), cache=self.cache,
+                                 use_cache=True, logits_to_keep=n_out, **kwargs)
+        except BaseException:
+            self.cache, self.ids = None, []
+            raise
+        self.cache = out.cache
+        self.fed_tokens += len(feed)
+        logits = out.logits[0, -n_out:].float()
+        if self.real_vocab is not None:
+            logits[:, self.real_vocab:] = float("-inf")
+        return logits
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    def logits(self, seq: list[int], extra: list[int] = ()) -> torch.Tensor:  # type: ignore[assignment]
+        """Logits [len(extra)+1, V] (float32) for the next token after seq, and after each of seq+extra[:i+1]."""
+        keep = min(common_prefix(self.ids, seq), len(seq) - 1)  # feed at least the last token of seq
+        self.crop(keep)
+        out = self.forward(list(seq[keep:]) + list(extra), len(extra) + 1)
+        self.ids = list(seq) + list(extra)
+        return out
+
+    def prefill(self, seq: list[int], upto: int) -> int:
+        """Make the cache hold seq[:upto] (no logits wanted); return how many tokens were fed. Nothing is cropped
+        when the cache already holds seq[:upto] (even with more after it): a later pass crops what differs."""
+        upto = min(upto, len(seq))
+        keep = common_prefix(self.ids, seq[:upto])
+        if keep == upto:
+            return 0
+        self.crop(keep)
+        self.forward(list(seq[keep:upto]), 1)
+        self.ids = list(seq[:upto])
+        return upto - keep
+
+    def full_vocab(self, values: torch.Tensor) -> torch.Tensor:
+        """Spread values over the logit columns back onto the full vocabulary (zeros elsewhere)."""
+        if self.out_ids is None:
+            return values
+        assert self.vocab_size is not None
+        full = torch.zeros(*values.shape[:-1], self.vocab_size, dtype=values.dtype, device=values.device)
+        return full.index_copy_(-1, self.out_ids.to(values.device), values)
+
+    def token_of(self, column: int) -> int:
+        """The token id of a logit column."""
+        return int(self.out_ids[column]) if self.out_ids is not None else column
