@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import threading
 import time
@@ -32,7 +33,7 @@ from llm.models import (
 )
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer, Proposer
-from llm.quant import quantize_weights
+from llm.quant import quantize_cached, quantize_weights
 from llm.settings import DecodeSettings, DecodeStats, Emission, Mode
 from llm.speculative import Generation
 from llm.vocab import counts_path, head_ids, load_counts
@@ -96,7 +97,7 @@ class Engine:
         info: dict[str, Any] = {"target_quantize": target_quantize, "draft_quantize": draft_quantize}
         if target_quantize == "int4":
             # the Q6_K tensors of the GGUF (head, some down/value projections) keep 8 bits: see quant.py
-            info["target_layers"] = quantize_weights(target_model, 4, off_grid_bits=8)
+            info["target_layers"] = _quantize(target_model, target, 4, off_grid_bits=8)
         draft_model, out_ids = None, None
         if mode == "draft":
             draft_model, _ = load_causal_lm(draft, device=device, dtype=dtype, threads=threads)
@@ -110,7 +111,8 @@ class Engine:
             if draft_quantize == "int8":
                 quantize_int8(draft_model)
             elif draft_quantize == "int4":
-                info["draft_layers"] = quantize_weights(draft_model, 4)
+                head = "full" if out_ids is None else hashlib.sha1(out_ids.numpy().tobytes()).hexdigest()
+                info["draft_layers"] = _quantize(draft_model, draft, 4, variant=head)
         engine = cls(target_model, tokenizer, draft_model, mode=mode, context_limit=context_limit,
                      draft_out_ids=out_ids, settings=settings or DecodeSettings(mode=mode))
         engine.info = info
@@ -216,6 +218,14 @@ class Engine:
                 return fn(*args)
 
         return await asyncio.get_running_loop().run_in_executor(self._executor, locked)
+
+
+def _quantize(model: torch.nn.Module, location: str, bits: int, off_grid_bits: int | None = None,
+              variant: str = "") -> dict[str, int]:
+    """Quantize, through the cache next to a local model's weights (a hub model has no folder of ours)."""
+    if location.startswith("hub:") or next(model.parameters()).device.type != "cpu":
+        return quantize_weights(model, bits, off_grid_bits=off_grid_bits)
+    return quantize_cached(model, location, bits, off_grid_bits, variant)
 
 
 def _stop_ids(tokenizer, model) -> set[int]:

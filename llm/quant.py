@@ -18,7 +18,14 @@ The kernels are torch's CPU ones (``_weight_int4pack_mm_for_cpu``, ``_weight_int
 
 from __future__ import annotations
 
+import hashlib
+import logging
+import os
+from pathlib import Path
+
 import torch
+
+log = logging.getLogger("specvoice.llm")
 
 GROUP = 32
 
@@ -155,4 +162,72 @@ def quantize_weights(model: torch.nn.Module, bits: int = 4, group: int = GROUP, 
             setattr(parent, name, new)
     if getattr(model, "config", None) is not None and getattr(model.config, "tie_word_embeddings", False):
         model.config.tie_word_embeddings = False  # the head is its own (quantized) copy now
+    return counts
+
+
+# --- a cache of quantized layers next to the weights: quantizing the 1.5B takes minutes, loading it seconds ----
+
+def _shell(kind: type[torch.nn.Module], spec: dict) -> torch.nn.Module:
+    module = kind.__new__(kind)
+    torch.nn.Module.__init__(module)
+    module.in_features, module.out_features = spec["in"], spec["out"]
+    if kind is Int4Linear:
+        module.group, module.error = spec["group"], spec["error"]
+    for name, tensor in spec["buffers"].items():
+        module.register_buffer(name, tensor)
+    module.bias = None if spec["bias"] is None else torch.nn.Parameter(spec["bias"], requires_grad=False)
+    return module
+
+
+def save_quantized(model: torch.nn.Module, path: Path) -> None:
+    """Write the model's quantized layers (not the rest: that stays in the model's own weights file)."""
+    layers = {}
+    for name, m in model.named_modules():
+        if isinstance(m, (Int4Linear, Int8Linear)):
+            layers[name] = {"kind": type(m).__name__, "in": m.in_features, "out": m.out_features,
+                            "group": getattr(m, "group", 0), "error": getattr(m, "error", 0.0),
+                            "buffers": dict(m._buffers), "bias": None if m.bias is None else m.bias.data}
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    torch.save({"torch": torch.__version__, "layers": layers}, tmp)
+    tmp.replace(path)
+
+
+def load_quantized(model: torch.nn.Module, path: Path) -> dict[str, int] | None:
+    """Swap in the quantized layers saved by ``save_quantized``; None (and nothing changed) if unusable."""
+    try:
+        data = torch.load(path, weights_only=True)
+    except Exception as exc:  # torch.load of a damaged file raises many kinds; any of them means: rebuild
+        log.warning("unreadable quantized cache, rebuilding", extra={"path": str(path), "error": str(exc)})
+        return None
+    modules = dict(model.named_modules())
+    layers = data.get("layers", {})
+    if data.get("torch") != torch.__version__ or not all(name in modules for name in layers):
+        return None
+    counts: dict[str, int] = {}
+    for name, spec in layers.items():
+        kind = {"Int4Linear": Int4Linear, "Int8Linear": Int8Linear}[spec["kind"]]
+        parent_name, _, attr = name.rpartition(".")
+        setattr(modules[parent_name] if parent_name else model, attr, _shell(kind, spec))
+        key = "int4" if kind is Int4Linear else "int8"
+        counts[key] = counts.get(key, 0) + 1
+    if getattr(model, "config", None) is not None:
+        model.config.tie_word_embeddings = False
+    return counts
+
+
+def quantize_cached(model: torch.nn.Module, folder: str, bits: int = 4, off_grid_bits: int | None = None,
+                    variant: str = "") -> dict[str, int]:
+    """``quantize_weights``, through a cache file in the model's folder (keyed by the recipe, ``variant`` e.g.
+    a reduced head's ids, and the torch version). A folder that cannot be written to just gets no cache."""
+    key = hashlib.sha1(f"{bits}/{off_grid_bits}/{GROUP}/{variant}/{torch.__version__}".encode()).hexdigest()[:12]
+    path = Path(folder) / f"specvoice-quant-int{bits}-{key}.pt"
+    if path.exists():
+        counts = load_quantized(model, path)
+        if counts is not None:
+            return counts
+    counts = quantize_weights(model, bits, off_grid_bits=off_grid_bits)
+    try:
+        save_quantized(model, path)
+    except OSError as exc:
+        log.info("quantized layers not cached", extra={"path": str(path), "error": str(exc)})
     return counts

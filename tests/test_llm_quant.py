@@ -79,3 +79,25 @@ def test_quantize_weights_replaces_every_linear_and_the_model_still_runs():
     after = model(input_ids=ids).logits
     assert after.shape == before.shape
     assert torch.corrcoef(torch.stack([before.flatten(), after.flatten()]))[0, 1] > 0.9
+
+
+def test_quantized_layers_are_cached_next_to_the_weights(tmp_path):
+    from conftest_llm import tiny_model
+
+    from llm.quant import quantize_cached
+
+    ids = torch.tensor([[3, 1, 4, 1, 5]])
+    first = tiny_model(seed=2, vocab=48)
+    counts = quantize_cached(first, str(tmp_path), 4, variant="head-a")
+    files = list(tmp_path.glob("specvoice-quant-int4-*.pt"))
+    assert len(files) == 1 and counts == {"int4": 15}
+    second = tiny_model(seed=2, vocab=48)
+    files[0].touch()
+    assert quantize_cached(second, str(tmp_path), 4, variant="head-a") == counts  # loaded, not recomputed
+    assert torch.equal(first(input_ids=ids).logits, second(input_ids=ids).logits)
+    quantize_cached(tiny_model(seed=2, vocab=48), str(tmp_path), 4, variant="head-b")  # another head: another file
+    assert len(list(tmp_path.glob("specvoice-quant-int4-*.pt"))) == 2
+    files[0].write_bytes(b"broken")
+    third = tiny_model(seed=2, vocab=48)
+    assert quantize_cached(third, str(tmp_path), 4, variant="head-a") == counts  # rebuilt
+    assert torch.equal(first(input_ids=ids).logits, third(input_ids=ids).logits)
