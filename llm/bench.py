@@ -107,7 +107,7 @@ def _hf_generate(model, prompt: list[int], max_new: int, stop_ids: set[int], **k
                  ) -> tuple[list[int], float, float, int]:
     """(tokens, ttft, decode seconds, decode tokens) of one transformers generate call."""
     timer = _TokenTimer()
-    ids = torch.tensor([prompt])
+    ids = torch.tensor([prompt], device=model.device)
     start = time.monotonic()
     with torch.no_grad():
         out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
@@ -146,6 +146,8 @@ def _parser(settings: dict[str, Any]) -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=2, help="repeat the prompt set (the order rotates each time)")
     p.add_argument("--conversation", type=int, default=0, metavar="TURNS",
                    help="run the long-conversation benchmark (time to first token per decile of turns) instead")
+    p.add_argument("--quality", action="store_true",
+                   help="measure the int4 served target against the bf16 reference instead (quality.py)")
     p.add_argument("--soak-max-new-tokens", type=int, default=28, help="--conversation: reply cap per turn")
     p.add_argument("--history-tokens", type=int, default=1536, help="--conversation: history budget")
     p.add_argument("--trim-to", type=float, default=0.5,
@@ -184,9 +186,9 @@ def _methods(args, draft: str | None, hf_draft, settings: dict[str, Any]) -> lis
     return methods
 
 
-def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result) -> None:
+def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, caches=None) -> None:
     if isinstance(how, DecodeSettings):
-        tokens, stats = engine.decode(prompt, how)
+        tokens, stats = engine.decode(prompt, how, caches=caches)
         res.ttft.append(stats.ttft_s)
         res.decode_tokens += max(stats.new_tokens - 1, 0)  # the first token comes alone, from the prefill
         res.decode_s += (stats.token_times[-1] - stats.token_times[0]) if stats.token_times else 0.0
@@ -206,6 +208,10 @@ def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result) -
 
 def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str, Any]) -> int:
     args = _parser(settings).parse_args(argv)
+    if args.quality:
+        from llm import quality
+
+        return quality.run(target, args.out or "bench-results/llm-quality.json", args.max_new_tokens)
     if args.conversation:
         from llm import bench_soak
 

@@ -8,6 +8,7 @@ simply fall outside that prefix.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -38,10 +39,16 @@ class CachedLM:
     """
 
     def __init__(self, model: torch.nn.Module, out_ids: torch.Tensor | None = None, vocab_size: int | None = None,
-                 real_vocab: int | None = None):
+                 real_vocab: int | None = None, static_len: int = 0, step_forward: Callable[..., Any] | None = None,
+                 step_tokens: int = 2):
+        """static_len > 0: a preallocated cache of that many positions (fixed shapes, which torch.compile and
+        CUDA graphs need; cropping it only moves its length back). step_forward: a compiled forward used for
+        decode steps (up to step_tokens fed tokens, a plain causal mask); everything else (prefill, trees) runs
+        the model as it is."""
         self.model = model
         self.real_vocab = real_vocab
-        self.cache: Any = None  # a transformers DynamicCache once something was fed
+        self.static_len, self.step_forward, self.step_tokens = static_len, step_forward, step_tokens
+        self.cache: Any = None  # a transformers DynamicCache (or StaticCache) once something was fed
         self.ids: list[int] = []
         self.out_ids = out_ids
         self.vocab_size = vocab_size
@@ -50,7 +57,7 @@ class CachedLM:
     def crop(self, n: int) -> None:
         n = min(n, len(self.ids))
         held = self.cache.get_seq_length() if self.cache is not None else 0  # > len(ids) only after a tree pass
-        if n == 0:
+        if n == 0 and not self.static_len:
             self.cache = None
         elif n < held:
             self.cache.crop(n - held)  # a negative count: how many tokens to remove
@@ -64,16 +71,23 @@ class CachedLM:
     def forward(self, feed: list[int], n_out: int, **kwargs: Any) -> torch.Tensor:
         """One pass over ``feed`` on top of the cache; the last n_out rows of logits (float32). A pass that
         fails half-way may have grown some layers of the cache: then the whole cache is forgotten."""
+        if self.static_len and self.cache is None:
+            from transformers import StaticCache
+
+            self.cache = StaticCache(config=self.model.config, max_cache_len=self.static_len)
+        run = self.model
+        if self.step_forward is not None and len(feed) <= self.step_tokens and not kwargs:
+            run = self.step_forward
         try:
             with torch.no_grad():
-                out = self.model(input_ids=torch.tensor([feed], device=self.device), cache=self.cache,
-                                 use_cache=True, logits_to_keep=n_out, **kwargs)
+                out = run(input_ids=torch.tensor([feed], device=self.device), cache=self.cache,
+                          use_cache=True, logits_to_keep=n_out, **kwargs)
         except BaseException:
             self.cache, self.ids = None, []
             raise
         self.cache = out.cache
         self.fed_tokens += len(feed)
-        logits = out.logits[0, -n_out:].float()
+        logits = out.logits[0, -n_out:].float().cpu()  # decisions and sampling run on the CPU, on any device
         if self.real_vocab is not None:
             logits[:, self.real_vocab:] = float("-inf")
         return logits
@@ -82,8 +96,9 @@ class CachedLM:
     def device(self) -> torch.device:
         return next(self.model.parameters()).device
 
-    def logits(self, seq: list[int], extra: list[int] = ()) -> torch.Tensor:  # type: ignore[assignment]
-        """Logits [len(extra)+1, V] (float32) for the next token after seq, and after each of seq+extra[:i+1]."""
+    def logits(self, seq: list[int], extra: Sequence[int] = ()) -> torch.Tensor:
+        """Logits [len(extra)+1, V] (float32, on the CPU) for the next token after seq, and after each of
+        seq + extra[:i+1]."""
         keep = min(common_prefix(self.ids, seq), len(seq) - 1)  # feed at least the last token of seq
         self.crop(keep)
         out = self.forward(list(seq[keep:]) + list(extra), len(extra) + 1)
@@ -107,8 +122,8 @@ class CachedLM:
         if self.out_ids is None:
             return values
         assert self.vocab_size is not None
-        full = torch.zeros(*values.shape[:-1], self.vocab_size, dtype=values.dtype, device=values.device)
-        return full.index_copy_(-1, self.out_ids.to(values.device), values)
+        full = torch.zeros(*values.shape[:-1], self.vocab_size, dtype=values.dtype)
+        return full.index_copy_(-1, self.out_ids, values)
 
     def token_of(self, column: int) -> int:
         """The token id of a logit column."""

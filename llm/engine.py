@@ -10,13 +10,11 @@
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
@@ -25,7 +23,6 @@ from llm.cache import CachedLM, head_rows
 from llm.models import (
     align_draft_head,
     check_compatible,
-    frequent_token_ids,
     load_causal_lm,
     load_tokenizer,
     quantize_int8,
@@ -36,7 +33,7 @@ from llm.proposers import DraftModelProposer, NgramProposer, Proposer
 from llm.quant import quantize_cached, quantize_weights
 from llm.settings import DecodeSettings, DecodeStats, Emission, Mode
 from llm.speculative import Generation
-from llm.vocab import counts_path, head_ids, load_counts
+from llm.vocab import draft_head, head_key
 
 if TYPE_CHECKING:
     from llm.conversation import Conversation
@@ -48,6 +45,7 @@ T = TypeVar("T")
 
 DraftQuantize = Literal["none", "int8", "int4"]
 TargetQuantize = Literal["none", "int4"]
+Compile = Literal["off", "draft", "both"]
 
 
 class ContextLimitError(ValueError):
@@ -58,7 +56,11 @@ class Engine:
     """A target model, an optional draft, and the one worker thread that runs them."""
 
     def __init__(self, target_model, tokenizer, draft_model=None, *, mode: Mode = "draft", context_limit: int = 4096,
-                 draft_out_ids: torch.Tensor | None = None, settings: DecodeSettings | None = None):
+                 draft_out_ids: torch.Tensor | None = None, settings: DecodeSettings | None = None,
+                 compile: Compile = "off", compile_mode: str = "default", static_cache: int = 0):
+        """compile: torch.compile the decode step of the draft, or of both models (measured no faster on a 2-core
+        CPU: off there; for GPUs, with compile_mode "reduce-overhead" = CUDA graphs, which want static_cache,
+        a preallocated cache of that many positions)."""
         if mode == "draft" and draft_model is None:
             raise ValueError("mode 'draft' needs a draft model; fix: give one, or use mode 'ngram' or 'target'")
         self.target_model, self.draft_model, self.tokenizer = target_model, draft_model, tokenizer
@@ -75,12 +77,17 @@ class Engine:
         # one policy per proposer kind, as their costs and acceptance differ; shared by all conversations
         self.policies = {m: DraftLengthPolicy(max_k=self.settings.max_draft_length) for m in ("draft", "ngram")}
         self.info: dict[str, Any] = {}  # how the models were prepared (quantization, head), for benchmarks
+        self.static_cache = static_cache
+        compiled = {"off": [], "draft": [draft_model], "both": [draft_model, target_model]}[compile]
+        self._step_forward = {id(m): torch.compile(m.forward, mode=compile_mode, dynamic=False)
+                              for m in compiled if m is not None}
 
     @classmethod
     def load(cls, target: str, draft: str | None = None, *, device: str = "cpu", dtype: str = "bfloat16",
              mode: Mode = "draft", draft_quantize: DraftQuantize = "none", draft_vocab: int | None = None,
              threads: int | None = None, context_limit: int = 4096, settings: DecodeSettings | None = None,
-             target_quantize: TargetQuantize = "none", token_counts: str | None = None) -> Engine:
+             target_quantize: TargetQuantize = "none", token_counts: str | None = None, compile: Compile = "off",
+             compile_mode: str = "default", static_cache: int = 0) -> Engine:
         """Load the pair; refuse a draft whose tokenizer differs from the target's (IncompatibleDraftError).
 
         draft_vocab: rows of the draft's reduced head, chosen from ``token_counts`` (default: the counts file in
@@ -102,19 +109,17 @@ class Engine:
         if mode == "draft":
             draft_model, _ = load_causal_lm(draft, device=device, dtype=dtype, threads=threads)
             if draft_vocab:
-                counts = load_counts(Path(token_counts) if token_counts else counts_path(target))
-                out_ids = head_ids(tokenizer, draft_vocab, counts) if counts else frequent_token_ids(tokenizer,
-                                                                                                     draft_vocab)
-                info["draft_head"] = {"rows": len(out_ids), "chosen_by": "counts" if counts else "merge order"}
+                out_ids, chosen_by = draft_head(tokenizer, target, draft_vocab, token_counts)
+                info["draft_head"] = {"rows": len(out_ids), "chosen_by": chosen_by}
                 reduce_vocab_head(draft_model, out_ids)
             out_ids = align_draft_head(target_model, draft_model, tokenizer, out_ids)  # before the head is packed
             if draft_quantize == "int8":
                 quantize_int8(draft_model)
             elif draft_quantize == "int4":
-                head = "full" if out_ids is None else hashlib.sha1(out_ids.numpy().tobytes()).hexdigest()
-                info["draft_layers"] = _quantize(draft_model, draft, 4, variant=head)
+                info["draft_layers"] = _quantize(draft_model, draft, 4, variant=head_key(out_ids))
         engine = cls(target_model, tokenizer, draft_model, mode=mode, context_limit=context_limit,
-                     draft_out_ids=out_ids, settings=settings or DecodeSettings(mode=mode))
+                     draft_out_ids=out_ids, settings=settings or DecodeSettings(mode=mode), compile=compile,
+                     compile_mode=compile_mode, static_cache=static_cache)
         engine.info = info
         return engine
 
@@ -126,7 +131,8 @@ class Engine:
                         dtype=llm.get("dtype", "bfloat16"), mode=mode,
                         draft_quantize=llm.get("draft_quantize", "none"), draft_vocab=llm.get("draft_vocab"),
                         threads=llm.get("threads"), context_limit=llm.get("context_limit", 4096),
-                        target_quantize=llm.get("target_quantize", "none"),
+                        target_quantize=llm.get("target_quantize", "none"), compile=llm.get("compile", "off"),
+                        compile_mode=llm.get("compile_mode", "default"), static_cache=llm.get("static_cache", 0),
                         settings=DecodeSettings.from_config(llm))
 
     def conversation(self, system_prompt: str, history_tokens: int = 1536) -> Conversation:
@@ -138,12 +144,16 @@ class Engine:
 
     def new_caches(self) -> tuple[CachedLM, CachedLM | None]:
         real = len(self.tokenizer)
-        target = CachedLM(self.target_model, real_vocab=real if self.vocab_size > real else None)
+        static = self.static_cache and min(self.static_cache, self.context_limit)
+        target = CachedLM(self.target_model, real_vocab=real if self.vocab_size > real else None, static_len=static,
+                          step_forward=self._step_forward.get(id(self.target_model)),
+                          step_tokens=self.settings.max_draft_length + 1)  # a verify pass is a decode step too
         draft = None
         if self.draft_model is not None:
             padded = self.draft_out_ids is None and head_rows(self.draft_model) > real
             draft = CachedLM(self.draft_model, out_ids=self.draft_out_ids, vocab_size=self.vocab_size,
-                             real_vocab=real if padded else None)
+                             real_vocab=real if padded else None, static_len=static,
+                             step_forward=self._step_forward.get(id(self.draft_model)))
         return target, draft
 
     def _policy(self, settings: DecodeSettings) -> DraftLengthPolicy:

@@ -188,7 +188,7 @@ def save_quantized(model: torch.nn.Module, path: Path) -> None:
                             "group": getattr(m, "group", 0), "error": getattr(m, "error", 0.0),
                             "buffers": dict(m._buffers), "bias": None if m.bias is None else m.bias.data}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    torch.save({"torch": torch.__version__, "layers": layers}, tmp)
+    torch.save({"torch": str(torch.__version__), "layers": layers}, tmp)
     tmp.replace(path)
 
 
@@ -201,7 +201,7 @@ def load_quantized(model: torch.nn.Module, path: Path) -> dict[str, int] | None:
         return None
     modules = dict(model.named_modules())
     layers = data.get("layers", {})
-    if data.get("torch") != torch.__version__ or not all(name in modules for name in layers):
+    if data.get("torch") != str(torch.__version__) or not all(name in modules for name in layers):
         return None
     counts: dict[str, int] = {}
     for name, spec in layers.items():

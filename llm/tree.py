@@ -46,6 +46,8 @@ def tree_logits(lm: CachedLM, seq: list[int], tokens: list[int], parents: list[i
     the convention both read the same. Afterwards the cache holds seq and then every node while ``lm.ids``
     holds seq only: call ``keep_path`` next (any other call crops the nodes away).
     """
+    if lm.static_len:
+        raise NotImplementedError("token trees need a growing cache, not a static one; fix: turn one of them off")
     keep = min(common_prefix(lm.ids, seq), len(seq) - 1)
     lm.crop(keep)
     fed, n = len(seq) - keep, len(tokens)

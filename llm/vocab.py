@@ -13,6 +13,7 @@ not an hour), and are stored as JSON next to the target's weights (``COUNTS_FILE
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -113,6 +114,19 @@ def head_ids(tokenizer, n: int, counts: Counter[int] | None = None) -> torch.Ten
         if t not in seen:
             chosen.append(t)
     return torch.tensor(sorted(set(chosen) | special), dtype=torch.long)
+
+
+def draft_head(tokenizer, target_location: str, n: int, token_counts: str | None = None
+               ) -> tuple[torch.Tensor, str]:
+    """(ids, how they were chosen) of the draft's n-row head: from the target's token counts (or the given
+    file) when they exist, else by merge order."""
+    counts = load_counts(Path(token_counts) if token_counts else counts_path(target_location))
+    return head_ids(tokenizer, n, counts), "counts" if counts else "merge order"
+
+
+def head_key(ids: torch.Tensor | None) -> str:
+    """A short name for a head's ids (the quantized-layer cache is per head)."""
+    return "full" if ids is None else hashlib.sha1(ids.numpy().tobytes()).hexdigest()[:16]
 
 
 def coverage(ids: torch.Tensor, replies: Iterable[list[int]]) -> float:
