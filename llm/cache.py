@@ -22,7 +22,7 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def head_rows(model: torch.nn.Module) -> int:
+def head_rows(model: Any) -> int:
     """Rows of the model's output head (its logits' width), whatever form the head has (Linear, quantized)."""
     head = model.get_output_embeddings()
     return int(getattr(head, "out_features", None) or head.weight.shape[0])
@@ -38,7 +38,7 @@ class CachedLM:
     (a draft could not take them as input, and no tokenizer can decode them).
     """
 
-    def __init__(self, model: torch.nn.Module, out_ids: torch.Tensor | None = None, vocab_size: int | None = None,
+    def __init__(self, model: Any, out_ids: torch.Tensor | None = None, vocab_size: int | None = None,
                  real_vocab: int | None = None, static_len: int = 0, step_forward: Callable[..., Any] | None = None,
                  step_tokens: int = 2):
         """static_len > 0: a preallocated cache of that many positions (fixed shapes, which torch.compile and
@@ -47,7 +47,8 @@ class CachedLM:
         the model as it is."""
         self.model = model
         self.real_vocab = real_vocab
-        self.static_len, self.step_forward, self.step_tokens = static_len, step_forward, step_tokens
+        self.static_len, self.step_tokens = static_len, step_tokens
+        self.step_forward: Callable[..., Any] | None = step_forward
         self.cache: Any = None  # a transformers DynamicCache (or StaticCache) once something was fed
         self.ids: list[int] = []
         self.out_ids = out_ids
@@ -75,7 +76,7 @@ class CachedLM:
             from transformers import StaticCache
 
             self.cache = StaticCache(config=self.model.config, max_cache_len=self.static_len)
-        run = self.model
+        run: Callable[..., Any] = self.model
         if self.step_forward is not None and len(feed) <= self.step_tokens and not kwargs:
             run = self.step_forward
         try:

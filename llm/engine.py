@@ -106,7 +106,7 @@ class Engine:
             # the Q6_K tensors of the GGUF (head, some down/value projections) keep 8 bits: see quant.py
             info["target_layers"] = _quantize(target_model, target, 4, off_grid_bits=8)
         draft_model, out_ids = None, None
-        if mode == "draft":
+        if mode == "draft" and draft:
             draft_model, _ = load_causal_lm(draft, device=device, dtype=dtype, threads=threads)
             if draft_vocab:
                 out_ids, chosen_by = draft_head(tokenizer, target, draft_vocab, token_counts)

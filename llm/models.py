@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -75,7 +76,7 @@ def load_causal_lm(location: str, *, device: str = "cpu", dtype: str = "bfloat16
         model = AutoModelForCausalLM.from_pretrained(source, dtype=DTYPES[dtype])
     except (OSError, ValueError) as exc:  # missing files, unknown or malformed hub ids
         raise _load_error(where, exc) from exc
-    model.to(device)
+    model.to(device)  # type: ignore[arg-type]  # transformers' decorator hides Module.to's signature
     model.eval()
     if device == "cpu":
         _copy_into_ram(model)
@@ -121,7 +122,7 @@ def check_compatible(target_tokenizer, draft_tokenizer) -> None:
             "fix: use a draft from the target's model family, or llm.mode = 'ngram'")
 
 
-def align_draft_head(target_model: torch.nn.Module, draft_model: torch.nn.Module, tokenizer,
+def align_draft_head(target_model: Any, draft_model: Any, tokenizer,
                      out_ids: torch.Tensor | None) -> torch.Tensor | None:
     """The draft's column -> token id map (None: column j is token j) under which the draft proposes only real
     tokens that the target's head has. Rows past the tokenizer's vocabulary are padding: when the two heads
@@ -153,7 +154,7 @@ def align_draft_head(target_model: torch.nn.Module, draft_model: torch.nn.Module
     return keep
 
 
-def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
+def quantize_int8(model: Any) -> Any:
     """int8 weights for every Linear (torch dynamic quantization: int8 weights, fp32 activations).
 
     Converted one Linear at a time, so the float32 copy that quantization needs exists for one layer only
@@ -176,7 +177,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def reduce_vocab_head(model: torch.nn.Module, keep_ids: torch.Tensor) -> None:
+def reduce_vocab_head(model: Any, keep_ids: torch.Tensor) -> None:
     """Keep only the rows of the output head for ``keep_ids``: logits come out over that subset, in that order.
 
     Untied from the input embeddings (a copy of the kept rows), so the embeddings stay whole.

@@ -23,6 +23,8 @@ import logging
 import os
 from pathlib import Path
 
+from typing import Any
+
 import torch
 
 log = logging.getLogger("specvoice.llm")
@@ -64,6 +66,9 @@ def _group_stats(w: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Tenso
 
 class Int4Linear(torch.nn.Module):
     """A Linear with int4 weights (asymmetric, one bf16 step and offset per group of 32 inputs)."""
+
+    packed: torch.Tensor  # buffers, declared for type checkers
+    scales: torch.Tensor
 
     def __init__(self, linear: torch.nn.Linear, group: int = GROUP):
         super().__init__()
@@ -116,6 +121,9 @@ class Int4Linear(torch.nn.Module):
 class Int8Linear(torch.nn.Module):
     """A Linear with int8 weights, one bf16 scale per output channel (symmetric); activations stay bf16."""
 
+    weight: torch.Tensor
+    scales: torch.Tensor
+
     def __init__(self, linear: torch.nn.Linear):
         super().__init__()
         w = linear.weight.data.float()
@@ -139,7 +147,7 @@ class Int8Linear(torch.nn.Module):
 OFF_GRID = 0.15  # error (in steps) above which a tensor is taken to lie on no 4-bit grid
 
 
-def quantize_weights(model: torch.nn.Module, bits: int = 4, group: int = GROUP, off_grid_bits: int | None = None
+def quantize_weights(model: Any, bits: int = 4, group: int = GROUP, off_grid_bits: int | None = None
                      ) -> dict[str, int]:
     """Replace every Linear by its weight-only quantized form, in place, one layer at a time (peak memory: one
     layer's float32 copy). bits: 4 or 8; off_grid_bits (4, 8 or 16; default: bits): for int4, the precision of
@@ -167,8 +175,8 @@ def quantize_weights(model: torch.nn.Module, bits: int = 4, group: int = GROUP, 
 
 # --- a cache of quantized layers next to the weights: quantizing the 1.5B takes minutes, loading it seconds ----
 
-def _shell(kind: type[torch.nn.Module], spec: dict) -> torch.nn.Module:
-    module = kind.__new__(kind)
+def _shell(kind: type[torch.nn.Module], spec: dict[str, Any]) -> torch.nn.Module:
+    module: Any = kind.__new__(kind)
     torch.nn.Module.__init__(module)
     module.in_features, module.out_features = spec["in"], spec["out"]
     if kind is Int4Linear:
@@ -179,7 +187,7 @@ def _shell(kind: type[torch.nn.Module], spec: dict) -> torch.nn.Module:
     return module
 
 
-def save_quantized(model: torch.nn.Module, path: Path) -> None:
+def save_quantized(model: Any, path: Path) -> None:
     """Write the model's quantized layers (not the rest: that stays in the model's own weights file)."""
     layers = {}
     for name, m in model.named_modules():
@@ -192,7 +200,7 @@ def save_quantized(model: torch.nn.Module, path: Path) -> None:
     tmp.replace(path)
 
 
-def load_quantized(model: torch.nn.Module, path: Path) -> dict[str, int] | None:
+def load_quantized(model: Any, path: Path) -> dict[str, int] | None:
     """Swap in the quantized layers saved by ``save_quantized``; None (and nothing changed) if unusable."""
     try:
         data = torch.load(path, weights_only=True)
@@ -215,7 +223,7 @@ def load_quantized(model: torch.nn.Module, path: Path) -> dict[str, int] | None:
     return counts
 
 
-def quantize_cached(model: torch.nn.Module, folder: str, bits: int = 4, off_grid_bits: int | None = None,
+def quantize_cached(model: Any, folder: str, bits: int = 4, off_grid_bits: int | None = None,
                     variant: str = "") -> dict[str, int]:
     """``quantize_weights``, through a cache file in the model's folder (keyed by the recipe, ``variant`` e.g.
     a reduced head's ids, and the torch version). A folder that cannot be written to just gets no cache."""
