@@ -47,11 +47,14 @@ class LLMConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
     mode: Literal["draft", "ngram", "target"] = "draft"
-    draft_length: int | Literal["adaptive"] = "adaptive"
+    draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
+    draft_confidence: float | None = Field(None, gt=0.0, lt=1.0, description="draft_length = 'confidence': stop "
+                                           "at this fixed threshold instead of the measured-cost rule")
     tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
     tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
-    draft_quantize: Literal["none", "int8"] = "int8"
+    draft_quantize: Literal["none", "int8", "int4"] = "int4"
+    target_quantize: Literal["none", "int4"] = Field("none", description="int4 weights for the served target")
     draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
     max_new_tokens: int = Field(96, ge=1)
     temperature: float = Field(0.0, ge=0.0)
@@ -59,6 +62,7 @@ class LLMConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     context_limit: int = Field(4096, ge=64)
+    prefill_chunk: int = Field(128, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)")
 
 
 class DialogConfig(_Section):

@@ -96,6 +96,14 @@ def _models(config, args) -> int:
             else:
                 path = m.resolve(name, entry.kind, config.models.cache_dir).path
             print(f"{name}: ready at {path}")
+        if not args.names or config.models.target in names:  # the LLM's extras: draft-head counts, int4 layers
+            from llm.prepare import prepare_llm
+
+            target = m.resolve(config.models.target, "llm", config.models.cache_dir).location
+            draft = m.resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft \
+                else None
+            for line in prepare_llm(target, draft, config.llm.model_dump(), force=args.force):
+                print(f"{config.models.target}: {line}")
         return 0
     # verify
     bad = 0
