@@ -8,7 +8,9 @@ order) matters because English words in a multilingual vocabulary sit at high id
 
 The counts come from the target itself, greedy, on ``prompts.COUNT_PROMPTS`` (batched, so it takes minutes,
 not an hour), and are stored as JSON next to the target's weights (``COUNTS_FILE``), built by
-``specvoice models prepare``. The head is: tokens by count, then the rest by merge order, plus the specials.
+``specvoice models prepare``. Counting takes the 1.5B target about half an hour on a 2-core CPU, so the counts
+of the embedded default target ship in ``llm/token_counts/`` and are used when the weights' checksum (from the
+model folder's manifest) matches; any other target gets its own counts built. The head is: tokens by count, then the rest by merge order, plus the specials.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from llm.prompts import COUNT_PROMPTS, SYSTEM
 log = logging.getLogger("specvoice.llm")
 
 COUNTS_FILE = "specvoice-token-counts.json"
+PACKAGED = Path(__file__).parent / "token_counts"  # counts shipped for the embedded default target
+MANIFEST = "specvoice-manifest.json"  # file checksums written by `models prepare` next to the weights
 
 
 def counts_path(target_location: str) -> Path | None:
@@ -89,6 +93,22 @@ def save_counts(path: Path, counts: Counter[int], meta: dict) -> None:
     tmp.replace(path)
 
 
+def packaged_counts(folder: Path) -> Path | None:
+    """The shipped counts made from exactly these weights (same safetensors checksum), if any."""
+    try:
+        files = json.loads((folder / MANIFEST).read_text())["files"]
+        sha = files["model.safetensors"]["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    for candidate in sorted(PACKAGED.glob("*.json")):
+        try:
+            if json.loads(candidate.read_text())["meta"].get("weights_sha256") == sha:
+                return candidate
+        except (ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
 def load_counts(path: Path | None) -> Counter[int] | None:
     if path is None or not path.exists():
         return None
@@ -144,6 +164,11 @@ def build_counts(target_location: str, *, max_new_tokens: int = 64, batch: int =
 
     path = counts_path(target_location)
     if path is None or (path.exists() and not force and load_counts(path) is not None):
+        return path
+    packaged = packaged_counts(Path(target_location))
+    if packaged is not None and not force:
+        path.write_bytes(packaged.read_bytes())
+        log.info("token counts from the package", extra={"path": str(path), "source": packaged.name})
         return path
     start = time.monotonic()
     model, tokenizer = load_causal_lm(target_location, dtype=dtype)

@@ -4,6 +4,7 @@ reduced head is chosen from token counts of real replies (llm/vocab.py)."""
 from __future__ import annotations
 
 import copy
+import json
 from collections import Counter
 
 import pytest
@@ -12,7 +13,18 @@ from conftest_llm import chat_ids, smollm_fp32
 
 from llm.engine import DecodeSettings, Engine
 from llm.models import IncompatibleDraftError
-from llm.vocab import count_tokens, coverage, generate_replies, head_ids, load_counts, save_counts
+from llm.vocab import (
+    MANIFEST,
+    PACKAGED,
+    build_counts,
+    count_tokens,
+    coverage,
+    generate_replies,
+    head_ids,
+    load_counts,
+    packaged_counts,
+    save_counts,
+)
 
 
 def with_head_rows(model, rows: int, pad_value: float = 0.0):
@@ -96,3 +108,19 @@ def engine_reply(model, tok, text):
     engine = Engine(model, tok, None, mode="target")
     tokens, _ = engine.decode(chat_ids(tok, text, SYSTEM), DecodeSettings(mode="target", max_new_tokens=8))
     return [t for t in tokens if t not in engine.stop_ids]
+
+
+def test_shipped_counts_are_used_only_for_the_same_weights(tmp_path):
+    """The embedded target's counts ship with the package (building them takes ~30 min on 2 cores); a folder
+    whose weights checksum differs gets no shipped counts (its own are built by generating)."""
+    shipped = sorted(PACKAGED.glob("*.json"))
+    assert shipped, "the embedded target's token counts must ship in llm/token_counts"
+    sha = json.loads(shipped[0].read_text())["meta"]["weights_sha256"]
+    same, other = tmp_path / "same", tmp_path / "other"
+    for folder, digest in ((same, sha), (other, "0" * 64)):
+        folder.mkdir()
+        (folder / MANIFEST).write_text(json.dumps({"files": {"model.safetensors": {"sha256": digest}}}))
+    assert packaged_counts(same) == shipped[0]
+    assert packaged_counts(other) is None and packaged_counts(tmp_path) is None
+    path = build_counts(str(same))
+    assert load_counts(path) == load_counts(shipped[0]) and len(load_counts(path) or ()) > 1000
