@@ -63,7 +63,13 @@ async def running(bridge: MqttBridge, *, wait_connected: bool = True):
     finally:
         assert not task.done() or task.cancelled(), f"the bridge stopped by itself: {task.exception()!r}"
         task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        try:
+            async with asyncio.timeout(30):
+                await asyncio.gather(task, return_exceptions=True)
+        except TimeoutError:
+            for t in asyncio.all_tasks():
+                t.print_stack()
+            raise
 
 
 # ---- discovery and availability --------------------------------------------------------------------------------

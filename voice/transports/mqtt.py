@@ -106,6 +106,7 @@ class MqttBridge:
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
         self.outbox = Outbox(OUTBOX_LIMIT)
+        self._stopping = False  # a clean stop: the publisher ends after the message in flight
         self.skipped = 0  # messages too big for the broker
         self.commands = CommandRunner(self)
         self._published: set[str] = set()  # session ids whose turns go out (publish_turns = "local")
@@ -165,23 +166,28 @@ class MqttBridge:
             await self.commands.close()
 
     async def _serve(self, client: aiomqtt.Client) -> None:
+        await self._on_connected(client)
+        self._stopping = False
+        reader = asyncio.create_task(self._read(client))
+        publisher = asyncio.create_task(self._publish_outbox(client))
         try:
-            await self._on_connected(client)
-            reader = asyncio.create_task(self._read(client))
-            publisher = asyncio.create_task(self._publish_outbox(client))
-            try:
-                done, _ = await asyncio.wait({reader, publisher}, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # raises the MqttError that ended it
-            finally:
-                for task in (reader, publisher):
-                    task.cancel()
-                await asyncio.gather(reader, publisher, return_exceptions=True)
+            done, _ = await asyncio.wait({reader, publisher}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises the MqttError that ended it
         except asyncio.CancelledError:
-            # a clean stop: say so ourselves (a graceful disconnect does not fire the last will)
+            # a clean stop. A publish still waiting for its acknowledgement gets it first (cancelled mid-flight,
+            # aiomqtt's disconnect would wait for the broker forever); then "offline", said by us (a graceful
+            # disconnect does not fire the last will)
+            self._stopping = True
+            self.outbox.changed.set()
+            await asyncio.wait({publisher}, timeout=PUBLISH_TIMEOUT_S)
             with contextlib.suppress(aiomqtt.MqttError):
                 await client.publish(self.topics.availability, "offline", qos=1, retain=True, timeout=2)
             raise
+        finally:
+            for task in (reader, publisher):
+                task.cancel()
+            await asyncio.gather(reader, publisher, return_exceptions=True)
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
         t = self.topics
@@ -222,6 +228,10 @@ class MqttBridge:
             if not self.connected.is_set() and not self.outbox.waiting(Priority.CONTROL):
                 self.connected.set()  # connected and announced: availability, discovery and state are out
             message = await self.outbox.wait()
+            if self._stopping:
+                return
+            if message is None:
+                continue
             if message.packet_bytes > self.cfg.max_packet_bytes:
                 self._skip(message, f"{message.packet_bytes} bytes is over mqtt.max_packet_bytes "
                                     f"({self.cfg.max_packet_bytes})")

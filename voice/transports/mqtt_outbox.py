@@ -71,11 +71,12 @@ class Outbox:
             except ValueError:
                 pass
 
-    async def wait(self) -> Outgoing:
-        while (message := self.head()) is None:
+    async def wait(self) -> Outgoing | None:
+        """The next message to send; None when woken with nothing to send (``changed`` set by hand)."""
+        if (message := self.head()) is None:
             self.changed.clear()
             await self.changed.wait()
-        return message
+        return self.head()
 
 
 class TokenBucket:
