@@ -1,14 +1,52 @@
 """Structured logging: one JSON object per line (or plain text), quiet by default.
 
 Modules log with ``log.info("message", extra={...})``; the extra fields become keys of the JSON object.
+Under systemd, when stderr is the journal's stream (``$JOURNAL_STREAM`` names its device and inode), every line
+starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which journald
+reads as the entry's priority: ``journalctl -p warning -u specvoice`` then shows the problems only.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+from typing import TextIO
+
+# syslog priorities (sd-daemon(3)); Python's levels in between round down to the more severe one
+_PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
+
+
+def journal_priority(levelno: int) -> int:
+    for level, priority in _PRIORITIES:
+        if levelno >= level:
+            return priority
+    return 7
+
+
+def writes_to_journal(stream: TextIO, environ: dict[str, str] | None = None) -> bool:
+    """True when ``stream`` is the journald stream systemd connected (``$JOURNAL_STREAM`` = "device:inode")."""
+    value = (os.environ if environ is None else environ).get("JOURNAL_STREAM", "")
+    try:
+        device, inode = (int(part) for part in value.split(":"))
+        info = os.fstat(stream.fileno())
+    except (ValueError, OSError, AttributeError):
+        return False
+    return (info.st_dev, info.st_ino) == (device, inode)
+
+
+class JournalPriority(logging.Formatter):
+    """Wraps a formatter: the ``<N>`` priority prefix journald understands on each line."""
+
+    def __init__(self, inner: logging.Formatter) -> None:
+        super().__init__()
+        self.inner = inner
+
+    def format(self, record: logging.LogRecord) -> str:
+        prefix = f"<{journal_priority(record.levelno)}>"
+        return "\n".join(prefix + line for line in self.inner.format(record).splitlines() or [""])
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -36,7 +74,8 @@ class TextFormatter(logging.Formatter):
 
 def setup_logging(level: str = "WARNING", fmt: str = "json") -> None:
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    formatter: logging.Formatter = JsonFormatter() if fmt == "json" else TextFormatter()
+    handler.setFormatter(JournalPriority(formatter) if writes_to_journal(sys.stderr) else formatter)
     root = logging.getLogger("specvoice")
     root.handlers[:] = [handler]
     root.setLevel(level)
