@@ -94,8 +94,9 @@ class EventReader:
             raise ProtocolProblem(f"an event took more than {self.read_s:g} s to arrive; closing "
                                   "(wyoming.read_timeout_s): send each event's header, data and payload at once",
                                   "read_timeout") from None
-        except asyncio.IncompleteReadError:
-            return None  # gone in the middle of an event: there is no one left to tell
+        except asyncio.IncompleteReadError:  # the client closed (its side) inside an event: it may still read
+            raise ProtocolProblem("the connection ended in the middle of an event (fewer bytes than the header's "
+                                  "lengths promised); closing", "incomplete_event") from None
 
     async def _rest(self, first: bytes) -> Event:
         line = first if first == b"\n" else first + await self._readline()
