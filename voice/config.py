@@ -172,6 +172,13 @@ class WyomingConfig(_Section):
     allowed_clients: list[str] = Field(
         default_factory=list, description="IPs/networks allowed to connect; required when host is not loopback "
                                           "(Wyoming has no tokens), e.g. ['192.168.1.0/24']")
+    read_timeout_s: float = Field(2.0, gt=0, description="an event must arrive whole (header, data, payload) "
+                                  "within this long after its first byte; a LAN sends one in milliseconds")
+    write_timeout_s: float = Field(10.0, gt=0, description="a client that reads nothing for this long is dropped")
+    max_conversations: int = Field(16, ge=1, description="handle service: conversation ids remembered at once "
+                                   "(least recently used forgotten first)")
+    conversation_idle_s: float = Field(300.0, gt=0, description="handle service: a conversation id is forgotten "
+                                       "this long after its last turn")
 
 
 def host_name() -> str:

@@ -4,6 +4,7 @@ Modules log with ``log.info("message", extra={...})``; the extra fields become k
 Under systemd, when stderr is the journal's stream (``$JOURNAL_STREAM`` names its device and inode), every line
 starts with its syslog priority (``<3>`` error, ``<4>`` warning, ``<6>`` info, ``<7>`` debug), which journald
 reads as the entry's priority: ``journalctl -p warning -u specvoice`` then shows the problems only.
+Warnings about client input go through ``ClientWarnings`` (rate-limited per client).
 """
 
 from __future__ import annotations
@@ -13,7 +14,10 @@ import logging
 import os
 import sys
 import time
-from typing import TextIO
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, TextIO
 
 # syslog priorities (sd-daemon(3)); Python's levels in between round down to the more severe one
 _PRIORITIES = ((logging.CRITICAL, 2), (logging.ERROR, 3), (logging.WARNING, 4), (logging.INFO, 6))
@@ -80,3 +84,48 @@ def setup_logging(level: str = "WARNING", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+class ClientWarnings:
+    """Warnings about what clients send, at most ``burst`` per client per ``period_s``.
+
+    Why: a client that sends garbage in a loop must not fill the disk or drown the warnings about other clients.
+    Each client (an address, usually) has a token bucket; a warning that finds it empty is not logged but
+    counted, and the count rides along with the client's next logged warning (``suppressed``). At most
+    ``max_clients`` buckets are kept (least recently warned first out), so spoofed or many addresses cannot
+    grow it either. Never logs a traceback unless asked (``exc_info``: for a bug, not for bad input)."""
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 5, period_s: float = 60.0,
+                 max_clients: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
+        self.logger, self.burst, self.period_s, self.max_clients = logger, burst, period_s, max_clients
+        self._clock = clock
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+        self.logged = 0
+        self.suppressed = 0
+
+    def warn(self, client: str, message: str, *, exc_info: bool = False, **extra: Any) -> bool:
+        """Log ``message`` about ``client`` unless it has had its share; True if it was logged."""
+        now = self._clock()
+        bucket = self._buckets.pop(client, None) or _Bucket(float(self.burst), now)
+        self._buckets[client] = bucket  # most recently used last
+        while len(self._buckets) > self.max_clients:
+            self._buckets.popitem(last=False)
+        bucket.tokens = min(float(self.burst), bucket.tokens + (now - bucket.t) * self.burst / self.period_s)
+        bucket.t = now
+        if bucket.tokens < 1.0:
+            bucket.dropped += 1
+            self.suppressed += 1
+            return False
+        bucket.tokens -= 1.0
+        if bucket.dropped:
+            extra["suppressed"], bucket.dropped = bucket.dropped, 0
+        self.logger.warning(message, extra={"client": client, **extra}, exc_info=exc_info)
+        self.logged += 1
+        return True
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    t: float
+    dropped: int = 0

@@ -62,6 +62,7 @@ class WyomingServer:
         while any(h.busy for h in self.gate.handlers) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await self._tcp.stop()
+        await self.gate.close()  # the conversations kept across connections
         if self._zeroconf is not None:
             await self._zeroconf._aiozc.async_close()
         self._tcp = None
