@@ -32,7 +32,6 @@ def remote_backends(config: Config) -> tuple[Any, Any, Any]:
 
 def remote_llm(config: Config) -> Any:
     """A ``RemoteEngine`` for ``llm.base_url``; with ``llm.tokenizer`` the history is counted in real tokens."""
-    from llm.engine import DecodeSettings
     from llm.remote import RemoteEngine, RemoteSettings
 
     llm = config.llm
@@ -47,7 +46,7 @@ def remote_llm(config: Config) -> Any:
                             connect_timeout_s=llm.connect_timeout_s, first_token_timeout_s=llm.first_token_timeout_s,
                             retries=llm.retries, metrics_url=llm.metrics_url)
     _say_where(remote)
-    return RemoteEngine(remote, tokenizer, DecodeSettings.from_config(llm.model_dump()))
+    return RemoteEngine(remote, tokenizer)  # turns pass their settings (Assistant.decode_settings)
 
 
 def _say_where(remote: Any) -> None:

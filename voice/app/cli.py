@@ -21,6 +21,7 @@ COMMANDS = {
     "bench llm": "voice.app.cli:bench_llm",
     "bench speech": "voice.bench.speech:main",
     "bench pipeline": "voice.bench.pipeline:main",
+    "bench frontend": "voice.bench.frontend:main",
 }
 
 
@@ -58,7 +59,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)",
                            add_help=False)  # --help goes on to the benchmark's own parser
-    bench.add_argument("what", choices=["llm", "speech", "pipeline"])
+    bench.add_argument("what", choices=["llm", "speech", "pipeline", "frontend"])
     return p
 
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(config_to_toml(config))
         return 0
     key = f"bench {args.what}" if args.command == "bench" else args.command
-    if extra and key not in ("bench llm", "bench speech", "bench pipeline"):
+    if extra and key not in ("bench llm", "bench speech", "bench pipeline", "bench frontend"):
         print(f"specvoice: unknown arguments {' '.join(extra)}", file=sys.stderr)
         return 2
     from audio.devices import DeviceError
