@@ -67,6 +67,29 @@ class LLMConfig(_Section):
     seed: int | None = None
     context_limit: int = Field(4096, ge=64)
     prefill_chunk: int = Field(128, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)")
+    # the remote backend (llm.backend = "openai"): an OpenAI-compatible chat-completions server (vLLM, SGLang,
+    # llama.cpp's server, Ollama, transformers serve); the local keys above then only set temperature, top_k,
+    # top_p, seed and max_new_tokens, and the server does its own speculative decoding
+    backend: Literal["local", "openai"] = Field("local", description="local: the speculative decoder in this "
+                                                "process; openai: a chat-completions server at llm.base_url")
+    base_url: str | None = Field(None, description="e.g. 'http://gpu-box:8000/v1' (llm.backend = 'openai')")
+    api_key: str | None = Field(None, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY")
+    remote_model: str | None = Field(None, description="model name in requests; default: the server's first")
+    tokenizer: str | None = Field(None, description="a local tokenizer (model name or folder) to count history "
+                                  "tokens exactly; default: about 4 characters per token")
+    connect_timeout_s: float = Field(3.0, gt=0)
+    first_token_timeout_s: float = Field(10.0, gt=0, description="from the request to the first token, retries "
+                                         "included; also the longest silence allowed between two tokens")
+    retries: int = Field(2, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)")
+    metrics_url: str | None = Field(None, description="the server's Prometheus page for its speculative-decoding "
+                                    "counters; default: <base_url host>/metrics; '' = do not scrape")
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> LLMConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("llm.backend = 'openai' needs llm.base_url; fix: e.g. "
+                             "llm.base_url = 'http://gpu-box:8000/v1'")
+        return self
 
 
 class DialogConfig(_Section):
@@ -88,6 +111,15 @@ class STTConfig(_Section):
     beam_size: int = Field(1, ge=1)
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
+    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: transcribe on a Wyoming asr "
+                                                 "server at stt.uri (another specvoice, wyoming-faster-whisper)")
+    uri: str | None = Field(None, description="tcp://host:port of the Wyoming asr server (stt.backend = 'wyoming')")
+    timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the transcript after the audio")
+
+    @model_validator(mode="after")
+    def _remote_needs_uri(self) -> STTConfig:
+        _check_uri("stt", self.backend, self.uri)
+        return self
 
 
 class TTSConfig(_Section):
@@ -97,6 +129,32 @@ class TTSConfig(_Section):
     first_fragment_words: int = Field(3, ge=0, description="cut the first fragment after this many words if no "
                                                             "punctuation came yet (0: wait for punctuation)")
     max_fragment_words: int = Field(30, ge=4)
+    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: speak with a Wyoming tts server "
+                                                 "at tts.uri (another specvoice, wyoming-piper)")
+    uri: str | None = Field(None, description="tcp://host:port of the Wyoming tts server (tts.backend = 'wyoming')")
+    voice: str | None = Field(None, description="wyoming: the server's voice name; default: the server's own")
+    timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the first audio of a sentence")
+
+    @model_validator(mode="after")
+    def _remote_needs_uri(self) -> TTSConfig:
+        _check_uri("tts", self.backend, self.uri)
+        return self
+
+
+def _check_uri(section: str, backend: str, uri: str | None) -> None:
+    """A Wyoming backend needs tcp://host:port (what Home Assistant and the wyoming package call a uri)."""
+    if backend != "wyoming":
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri or "")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise ValueError(f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
+                         f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'")
 
 
 class VADConfig(_Section):
@@ -284,7 +342,7 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _draft_needed(self) -> Config:
-        if self.llm.mode == "draft" and not self.models.draft:
+        if self.llm.mode == "draft" and not self.models.draft and self.llm.backend == "local":
             raise ValueError("llm.mode = 'draft' needs models.draft; set it, or set llm.mode = 'ngram' or 'target'")
         return self
 

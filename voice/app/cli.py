@@ -22,6 +22,7 @@ COMMANDS = {
     "bench speech": "voice.bench.speech:main",
     "bench pipeline": "voice.bench.pipeline:main",
     "bench soak": "voice.bench.soak:main",
+    "bench frontend": "voice.bench.frontend:main",
 }
 
 
@@ -65,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)",
                            add_help=False)  # --help goes on to the benchmark's own parser
-    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak"])
+    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend"])
     return p
 
 
@@ -182,7 +183,7 @@ def _main(argv: list[str] | None) -> int:
         print(config_to_toml(config, secrets=args.secrets), flush=True)
         return 0
     key = f"bench {args.what}" if args.command == "bench" else args.command
-    if extra and key not in ("bench llm", "bench speech", "bench pipeline", "bench soak"):
+    if extra and key not in ("bench llm", "bench speech", "bench pipeline", "bench soak", "bench frontend"):
         fail(f"unknown arguments {' '.join(extra)}; fix: see `specvoice {args.command} --help`")
         return 2
     from audio.devices import DeviceError
