@@ -22,6 +22,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 from llm.cache import CachedLM, common_prefix
+from llm.history import ChatHistory
 from llm.settings import DecodeSettings, DecodeStats, Emission
 from llm.speculative import Generation
 
@@ -49,19 +50,16 @@ class Engine(Protocol):
 log = logging.getLogger("specvoice.llm")
 
 
-class Conversation:
+class Conversation(ChatHistory):
     """One chat with its own KV caches (target and draft), kept across turns."""
 
     def __init__(self, engine: Engine, system_prompt: str, history_tokens: int = 1536, trim_to: float = 0.5):
         if not 0 < trim_to <= 1:
             raise ValueError(f"trim_to must be in (0, 1], got {trim_to}")
+        super().__init__(system_prompt)
         self.engine = engine
         self.history_tokens, self.trim_to = history_tokens, trim_to
-        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self._target, self._draft = engine.new_caches()
-        self._busy = False
-        self._before_turn: list[dict[str, Any]] | None = None  # the messages before the latest reply
-        self._pending: list[dict[str, Any]] | None = None  # reply(commit=False): the history it answers
         self._pending_reply = ""  # ... and what it streamed, until commit() or discard()
         self._pending_before = 0  # ... and the prompt length before it (to learn the exchange's size)
         self._exchange_tokens: list[int] = []  # prompt tokens each recent exchange added (to trim ahead)
@@ -169,27 +167,11 @@ class Conversation:
                 self.trims = trims
             self._busy = False
 
-    @property
-    def uncommitted(self) -> bool:
-        """A ``reply(commit=False)`` turn waits for ``commit`` or ``discard``."""
-        return self._pending is not None
-
     def commit(self, heard_text: str) -> None:
-        """Write the latest ``reply(commit=False)`` turn into the history: the user's words, and the assistant's
-        reply as far as the user heard it (no assistant message when nothing was heard). Once per reply."""
-        if self._busy:
-            raise RuntimeError("a reply is still streaming; fix: let it end or cancel it, then commit")
-        if self._pending is None:
-            raise ValueError("there is no uncommitted reply; fix: call reply(..., commit=False) first")
-        self._before_turn = list(self.messages)
-        self.messages[:] = self._pending + ([{"role": "assistant", "content": heard_text}] if heard_text else [])
-        self._note_exchange(self._pending_before if heard_text == self._pending_reply else None)
-        self._pending, self._pending_reply = None, ""
-
-    def discard(self) -> None:
-        """Forget the latest ``reply(commit=False)`` turn: the history stays as it was (the caches drop its
-        tokens at the next turn, as they fall outside the common prefix of the next prompt)."""
-        self._pending, self._pending_reply = None, ""
+        pending_reply, before = self._pending_reply, self._pending_before
+        super().commit(heard_text)
+        self._note_exchange(before if heard_text == pending_reply else None)
+        self._pending_reply = ""
 
     def _note_exchange(self, before_len: int | None) -> None:
         if before_len is not None:
@@ -233,17 +215,6 @@ class Conversation:
             self._draft.keep_prefix_of(prompt)
         return self.engine.generation(prompt, settings, self._target, self._draft), reused
 
-    def forget_last_turn(self) -> None:
-        """Undo the latest reply entirely (its user message too), as if it never happened: for a reply started
-        early on a guess of what the user said, when the guess turned out wrong. The caches need no work: the
-        next prompt no longer contains those tokens, so they fall outside the common prefix and are cropped."""
-        if self._busy:
-            raise RuntimeError("a reply is still streaming; fix: cancel it and wait for it to end first")
-        if self._before_turn is None:
-            raise ValueError("there is no reply to forget")
-        self.messages[:] = self._before_turn
-        self._before_turn = None
-
     def trim_last_reply(self, spoken_text: str) -> None:
         """Barge-in: the last assistant message becomes what the user heard, and the caches drop the rest.
 
@@ -251,14 +222,7 @@ class Conversation:
         when the speaker rebuilt it from words). The caches are cropped now if the engine is idle, otherwise at
         the start of the next turn (a step still running for this conversation finishes first).
         """
-        if not self.messages or self.messages[-1]["role"] != "assistant":
-            raise ValueError("there is no assistant reply to trim; fix: call trim_last_reply after a reply")
-        reply = self.messages[-1]["content"]
-        kept = _spoken_prefix(reply, spoken_text)
-        if kept is None:
-            raise ValueError(f"spoken text {spoken_text[:60]!r} is not a prefix of the last reply {reply[:60]!r}; "
-                             "fix: pass the words that were actually played, in order")
-        self.messages[-1]["content"] = kept
+        super().trim_last_reply(spoken_text)
         if self.engine.lock.acquire(blocking=False):
             try:
                 keep = self.prompt_ids()
@@ -268,16 +232,3 @@ class Conversation:
             finally:
                 self.engine.lock.release()
 
-
-def _spoken_prefix(reply: str, spoken: str) -> str | None:
-    """The part of reply that was spoken: exact prefix, or the reply up to the end of the spoken words."""
-    if reply.startswith(spoken):
-        return spoken
-    words = spoken.split()
-    pos = 0
-    for word in words:
-        found = reply.find(word, pos)
-        if found < 0 or reply[pos:found].strip():
-            return None
-        pos = found + len(word)
-    return reply[:pos]

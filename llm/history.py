@@ -3,22 +3,22 @@
 A voice turn streams a reply with ``commit=False`` and then calls ``commit(heard_text)`` once (the words the
 user actually heard), or ``discard()`` (a reply started early on a guess); a barge-in after the commit trims the
 last assistant message (``trim_last_reply``). ``RemoteConversation`` keeps its history with this class; the
-local ``Conversation`` (llm/engine.py) does the same bookkeeping next to its KV caches.
+local ``Conversation`` (llm/conversation.py) builds on it and keeps its KV caches in step.
 """
 
 from __future__ import annotations
 
-from llm.engine import _spoken_prefix
+from typing import Any
 
 
 class ChatHistory:
     """``messages`` (system first) and the bookkeeping of the reply in flight."""
 
     def __init__(self, system_prompt: str) -> None:
-        self.messages: list[dict] = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        self.messages: list[dict[str, Any]] = [{"role": "system", "content": system_prompt}] if system_prompt else []
         self._busy = False  # a reply is streaming
-        self._pending: list[dict] | None = None  # reply(commit=False): the history it answers, until commit()
-        self._before_turn: list[dict] | None = None  # the messages before the latest reply (forget_last_turn)
+        self._pending: list[dict[str, Any]] | None = None  # reply(commit=False): the history it answers, until commit()
+        self._before_turn: list[dict[str, Any]] | None = None  # the messages before the latest reply (forget_last_turn)
 
     @property
     def uncommitted(self) -> bool:
@@ -57,3 +57,17 @@ class ChatHistory:
             raise ValueError(f"spoken text {spoken_text[:60]!r} is not a prefix of the last reply "
                              f"{self.messages[-1]['content'][:60]!r}; fix: pass the words that were actually played")
         self.messages[-1]["content"] = kept
+
+
+def _spoken_prefix(reply: str, spoken: str) -> str | None:
+    """The part of reply that was spoken: exact prefix, or the reply up to the end of the spoken words."""
+    if reply.startswith(spoken):
+        return spoken
+    words = spoken.split()
+    pos = 0
+    for word in words:
+        found = reply.find(word, pos)
+        if found < 0 or reply[pos:found].strip():
+            return None
+        pos = found + len(word)
+    return reply[:pos]
