@@ -1,0 +1,210 @@
+"""`specvoice run` as a home device, for real: one process with the microphone, the speaker and the MQTT bridge,
+against a real mosquitto and a private PulseAudio server with two null sinks (no sound card needed):
+
+    room   what the device's microphone hears (its monitor is the device's input; the test plays questions here)
+    spk    the device's speaker (the test records its monitor)
+
+What the device plays is recorded and transcribed with Whisper tiny.en, so "it was spoken" means a listener
+could understand it, not that some function was called. The MQTT side is read with the stock mosquitto_sub and
+written with mosquitto_pub.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import wave
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from voice.models import resolve
+from voice.stt import SpeechToText
+
+from broker import Broker
+from speech import RATE, piper, wer
+
+ROOT = Path(__file__).resolve().parent.parent
+PREFIX = "specvoice"
+
+
+def pactl(env: dict[str, str], *args: str) -> None:
+    subprocess.run(["pactl", *args], check=True, capture_output=True, env=env, timeout=30)
+
+
+@pytest.fixture(scope="module")
+def pulse_env(tmp_path_factory):
+    """The environment of a private PulseAudio server (its own socket; no other PulseAudio is touched)."""
+    run = tmp_path_factory.mktemp("pulse")
+    env = {**os.environ, "PULSE_RUNTIME_PATH": str(run), "PULSE_STATE_PATH": str(run),
+           "PULSE_SERVER": f"unix:{run / 'native'}"}
+    subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
+                    "--load=module-null-sink sink_name=spk", "--load=module-null-sink sink_name=room",
+                    f"--load=module-native-protocol-unix socket={run / 'native'}", "--load=module-always-sink"],
+                   check=True, capture_output=True, env=env, timeout=30)
+    for _ in range(100):
+        if subprocess.run(["pactl", "info"], capture_output=True, env=env).returncode == 0:
+            break
+        time.sleep(0.1)
+    pactl(env, "set-default-sink", "spk")
+    pactl(env, "set-default-source", "room.monitor")
+    yield env
+    os.kill(int((run / "pid").read_text().split()[0]), signal.SIGTERM)
+
+
+class Device:
+    """The `specvoice run` process, the broker, and everything published under the prefix (mosquitto_sub)."""
+
+    def __init__(self, workdir: Path, pulse_env: dict[str, str]) -> None:
+        self.workdir, self.pulse_env = workdir, pulse_env
+        self.broker = Broker(workdir / "broker")
+        self.broker.start()
+        self.messages_file = workdir / "messages.txt"
+        self.sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", Broker.host, "-p",
+                                     str(self.broker.port), "-v", "-t", f"{PREFIX}/#"],
+                                    stdout=self.messages_file.open("w"), stderr=subprocess.DEVNULL)
+        env = {key: value for key, value in pulse_env.items() if not key.startswith("SPECVOICE_")}
+        env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": "spk", "PULSE_SOURCE": "room.monitor"})
+        self.log = workdir / "device.log"
+        settings = ["mqtt.enabled=true", f"mqtt.port={self.broker.port}", "mqtt.node_id=hometest",
+                    "audio.input_device=pulse", "audio.output_device=pulse", "audio.latency=0.25"]
+        self.proc = subprocess.Popen([sys.executable, "-m", "voice.app.cli", "-c", "small",
+                                      *(x for s in settings for x in ("--set", s)), "run"],
+                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=workdir)
+
+    def messages(self) -> list[tuple[str, str]]:
+        out = []
+        for line in self.messages_file.read_text().splitlines():
+            topic, _, payload = line.partition(" ")
+            out.append((topic.removeprefix(PREFIX + "/"), payload))
+        return out
+
+    def wait_for(self, topic: str, predicate=lambda payload: True, *, after: int = 0, timeout: float = 180):
+        """The first message on ``topic`` (under the prefix) after the first ``after`` messages that fits."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            for seen, payload in self.messages()[after:]:
+                if seen == topic and predicate(payload):
+                    return payload
+            assert self.proc.poll() is None, f"the device exited ({self.proc.returncode}): {self.log.read_text()}"
+            time.sleep(0.1)
+        raise AssertionError(f"nothing on {topic} within {timeout}s; got {self.messages()[after:]}\n"
+                             f"{self.log.read_text()[-3000:]}")
+
+    def publish(self, topic: str, payload: str) -> None:
+        subprocess.run(["mosquitto_pub", "-h", Broker.host, "-p", str(self.broker.port), "-q", "1",
+                        "-t", f"{PREFIX}/{topic}", "-m", payload], check=True, timeout=30)
+
+    def record(self) -> Recording:
+        return Recording(self.workdir / f"spk-{time.monotonic_ns()}.raw", self.pulse_env)
+
+    def play_in_room(self, samples: np.ndarray) -> None:
+        path = self.workdir / "question.wav"
+        with wave.open(str(path), "wb") as wav:
+            wav.setnchannels(1)
+            wav.setsampwidth(2)
+            wav.setframerate(RATE)
+            wav.writeframes(samples.astype(np.int16).tobytes())
+        subprocess.run(["paplay", "--device=room", str(path)], check=True, env=self.pulse_env, timeout=60)
+
+    def close(self) -> None:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.sub.terminate()
+        self.sub.wait(10)
+        self.broker.stop()
+
+
+class Recording:
+    """parecord on the speaker's monitor while the block runs; ``samples`` once it ended."""
+
+    def __init__(self, path: Path, env: dict[str, str]) -> None:
+        self.path, self.env = path, env
+
+    def __enter__(self) -> Recording:
+        self.proc = subprocess.Popen(["parecord", "--device=spk.monitor", "--raw", "--format=s16le",
+                                      f"--rate={RATE}", "--channels=1", str(self.path)], env=self.env)
+        time.sleep(0.5)
+        return self
+
+    def __exit__(self, *exc) -> None:
+        time.sleep(1.0)  # the device's buffering (audio.latency) and PulseAudio's
+        self.proc.send_signal(signal.SIGINT)
+        self.proc.wait(10)
+
+    @property
+    def samples(self) -> np.ndarray:
+        return np.frombuffer(self.path.read_bytes(), dtype=np.int16)
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory, pulse_env):
+    dev = Device(tmp_path_factory.mktemp("home"), pulse_env)
+    try:
+        dev.wait_for("availability", lambda p: p == "online", timeout=300)
+        deadline = time.monotonic() + 120
+        while "listening;" not in dev.log.read_text():
+            assert time.monotonic() < deadline and dev.proc.poll() is None, dev.log.read_text()
+            time.sleep(0.1)
+        yield dev
+    finally:
+        dev.close()
+    assert dev.proc.returncode == 0, dev.log.read_text()[-3000:]
+    assert dev.messages()[-1] == ("availability", "offline")  # said goodbye on SIGTERM
+
+
+@pytest.fixture(scope="module")
+def stt(small_config):
+    return SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt)
+
+
+async def test_mqtt_say_is_spoken_on_the_speaker(device, stt):
+    text = "The garage door is open and the porch light is still on."
+    before = len(device.messages())
+    with device.record() as recording:
+        device.publish("say", text)
+        spoken = json.loads(device.wait_for("spoken", after=before, timeout=120))
+    assert spoken["text"] == text and spoken["audio_s"] > 1
+    heard = await stt.transcribe(recording.samples)
+    assert wer(text, heard) <= 1 / len(text.split()), heard  # piper varies run to run: one word may slip
+
+
+async def test_mqtt_ask_is_answered_aloud_and_on_the_answer_topic(device, stt):
+    before = len(device.messages())
+    with device.record() as recording:
+        device.publish("ask", json.dumps({"text": "What is the capital of France?", "id": "q1"}))
+        answer = json.loads(device.wait_for("answer", lambda p: '"q1"' in p, after=before, timeout=180))
+        device.wait_for("state", lambda p: p == "idle", after=before, timeout=120)
+    assert answer["id"] == "q1" and answer["reply"].strip()
+    heard = await stt.transcribe(recording.samples)
+    assert wer(answer["reply"], heard) <= 0.35, (answer["reply"], heard)
+    states = [p for topic, p in device.messages()[before:] if topic == "state"]
+    assert "thinking" in states and "speaking" in states, states
+
+
+async def test_local_conversation_is_spoken_and_its_state_reaches_home_assistant(device, stt):
+    """A question spoken in the room: the device hears it, answers on its speaker, and the broker sees
+    listening -> thinking -> speaking, the transcript, the reply and a turn_end event."""
+    question = "What is the capital of France?"
+    before = len(device.messages())
+    with device.record() as recording:
+        device.play_in_room(piper(question))
+        reply = json.loads(device.wait_for("reply", after=before, timeout=180))
+        device.wait_for("state", lambda p: p == "idle", after=before, timeout=120)
+    transcript = json.loads(device.wait_for("transcript", after=before, timeout=5))
+    assert wer(question, transcript["text"]) <= 0.2, transcript
+    states = [p for topic, p in device.messages()[before:] if topic == "state"]
+    order = [s for s in states if s in ("listening", "thinking", "speaking")]
+    assert order[:1] == ["listening"] and "thinking" in order and order.index("thinking") < order.index("speaking")
+    device.wait_for("event", lambda p: "turn_end" in p, after=before, timeout=30)
+    heard = await stt.transcribe(recording.samples)
+    assert reply["text"].strip() and wer(reply["text"], heard) <= 0.35, (reply["text"], heard)
