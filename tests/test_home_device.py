@@ -66,7 +66,7 @@ class Device:
         self.broker.start()
         self.messages_file = workdir / "messages.txt"
         self.sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", Broker.host, "-p",
-                                     str(self.broker.port), "-v", "-t", f"{PREFIX}/#"],
+                                     str(self.broker.port), "-v", "-t", f"{PREFIX}/#", "-t", "homeassistant/#"],
                                     stdout=self.messages_file.open("w"), stderr=subprocess.DEVNULL)
         env = {key: value for key, value in pulse_env.items() if not key.startswith("SPECVOICE_")}
         env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": "spk", "PULSE_SOURCE": "room.monitor"})
@@ -165,6 +165,17 @@ def device(tmp_path_factory, pulse_env):
 @pytest.fixture(scope="module")
 def stt(small_config):
     return SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt)
+
+
+def test_home_assistant_discovers_the_device_entities(device):
+    device.wait_for("homeassistant/event/hometest/event/config", timeout=60)
+    found = {tuple(topic.split("/")[1:4:2]) for topic, _ in device.messages() if topic.startswith("homeassistant/")
+             and topic.endswith("/config") and "/hometest/" in topic}
+    assert found == {("sensor", "state"), ("sensor", "transcript"), ("sensor", "reply"), ("sensor", "latency"),
+                     ("sensor", "acceptance"), ("text", "say"), ("text", "ask"), ("notify", "speak"),
+                     ("button", "stop"), ("event", "event")}
+    configs = {topic: json.loads(payload) for topic, payload in device.messages() if topic.endswith("/config")}
+    assert all(c["origin"]["name"] == "specvoice" and c["device"]["sw_version"] for c in configs.values())
 
 
 async def test_mqtt_say_is_spoken_on_the_speaker(device, stt):
