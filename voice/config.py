@@ -13,6 +13,7 @@ import os
 import re
 import socket
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
@@ -347,7 +348,7 @@ class Config(_Section):
         return self
 
 
-def _hint(err: dict[str, Any]) -> str:
+def _hint(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "remove it or check its spelling (see `specvoice config show` for every key)"
@@ -358,7 +359,7 @@ def _hint(err: dict[str, Any]) -> str:
     return "change the value"
 
 
-def _format(errors: list[dict[str, Any]], source: str) -> str:
+def _format(errors: Sequence[Mapping[str, Any]], source: str) -> str:
     """One line for one problem (what a service log shows), one line per problem under a heading otherwise."""
     lines = []
     for err in errors:

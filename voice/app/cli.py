@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from voice.config import ConfigError, config_to_toml, load_config
 from voice.logs import setup_logging, writes_to_journal
@@ -116,6 +117,7 @@ def _models(config, args) -> int:
                 print(f"{name}: not a registered model (local paths and hub ids need no preparation)")
                 continue
             entry = m.REGISTRY[name]
+            path: Path | None
             if entry.cached:  # the cheap stamp check (size + mtime); `models verify` hashes
                 path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force)
             else:

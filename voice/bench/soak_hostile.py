@@ -175,7 +175,8 @@ def _ws_seeds(rng: random.Random) -> list[dict[str, Any]]:
 def websocket_warmup() -> list[str | bytes]:
     """An honest session: settings, audio appended and committed, a question, a response."""
     seeds = _ws_seeds(random.Random(0))
-    return [json.dumps(seeds[i]) for i in (1, 2, 4)] + [json.dumps({"type": "response.create"})]  # spoken reply
+    messages: list[str | bytes] = [json.dumps(seeds[i]) for i in (1, 2, 4)]
+    return messages + [json.dumps({"type": "response.create"})]  # spoken reply
 
 
 def websocket_inputs(rng: random.Random, n: int) -> list[str | bytes]:

@@ -195,7 +195,7 @@ class MqttBridge:
         if self.cfg.discovery:
             subscriptions.append(f"{self.cfg.discovery_prefix}/status")
         granted = await client.subscribe([(topic, 1) for topic in subscriptions])
-        codes = [int(getattr(code, "value", code)) for code in granted]
+        codes = [code if isinstance(code, int) else int(code.value) for code in granted]
         refused = [topic for topic, code in zip(subscriptions, codes, strict=False) if code >= 0x80]
         if refused:  # e.g. a broker ACL: the bridge still runs, but those triggers will never arrive
             self.last_error = f"the broker refused subscriptions to {refused}; fix: allow them in its ACL"

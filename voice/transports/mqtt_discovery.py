@@ -17,6 +17,7 @@ Entities (``<node>`` = ``mqtt.node_id``, default: the host name; every one has `
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from voice.events import State
 from voice.transports.mqtt_payloads import Outgoing, Priority, Topics
@@ -35,7 +36,7 @@ def discovery_messages(topics: Topics, node: str, discovery_prefix: str, version
               "origin": {"name": "specvoice", "sw_version": version}}
     text_state = f"{{{{ value_json.text[:{HA_STATE_MAX}] }}}}"
     diagnostic = {"entity_category": "diagnostic", "state_class": "measurement"}
-    entities = {
+    entities: dict[tuple[str, str], dict[str, Any]] = {
         ("sensor", "state"): {"name": "State", "state_topic": t.state, "device_class": "enum",
                               "options": [s.value for s in State], "icon": "mdi:account-voice"},
         ("sensor", "transcript"): {"name": "Last transcript", "state_topic": t.transcript,

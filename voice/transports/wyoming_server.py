@@ -29,7 +29,7 @@ class WyomingServer:
     @property
     def port(self) -> int:
         assert self._tcp is not None and self._tcp._server is not None
-        return int(self._tcp._server.sockets[0].getsockname()[1])
+        return int(self._tcp._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]  # an asyncio.Server
 
     async def start(self) -> None:
         w = self.config.wyoming
