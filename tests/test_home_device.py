@@ -14,9 +14,11 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
+import urllib.request
 import wave
 from pathlib import Path
 
@@ -26,7 +28,7 @@ import pytest
 from voice.models import resolve
 from voice.stt import SpeechToText
 
-from broker import Broker
+from broker import Broker, free_port
 from speech import RATE, piper, wer
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -60,7 +62,8 @@ def pulse_env(tmp_path_factory):
 class Device:
     """The `specvoice run` process, the broker, and everything published under the prefix (mosquitto_sub)."""
 
-    def __init__(self, workdir: Path, pulse_env: dict[str, str]) -> None:
+    def __init__(self, workdir: Path, pulse_env: dict[str, str], *, settings: tuple[str, ...] = (),
+                 serve: bool = False) -> None:
         self.workdir, self.pulse_env = workdir, pulse_env
         self.broker = Broker(workdir / "broker")
         self.broker.start()
@@ -72,9 +75,10 @@ class Device:
         env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": "spk", "PULSE_SOURCE": "room.monitor"})
         self.log = workdir / "device.log"
         settings = ["mqtt.enabled=true", f"mqtt.port={self.broker.port}", "mqtt.node_id=hometest",
-                    "audio.input_device=pulse", "audio.output_device=pulse", "audio.latency=0.25"]
+                    "audio.input_device=pulse", "audio.output_device=pulse", "audio.latency=0.25", *settings]
         self.proc = subprocess.Popen([sys.executable, "-m", "voice.app.cli", "-c", "small",
-                                      *(x for s in settings for x in ("--set", s)), "run"],
+                                      *(x for s in settings for x in ("--set", s)), "run",
+                                      *(["--serve"] if serve else [])],
                                      stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=workdir)
 
     def messages(self) -> list[tuple[str, str]]:
@@ -146,9 +150,8 @@ class Recording:
         return np.frombuffer(self.path.read_bytes(), dtype=np.int16)
 
 
-@pytest.fixture(scope="module")
-def device(tmp_path_factory, pulse_env):
-    dev = Device(tmp_path_factory.mktemp("home"), pulse_env)
+def running(dev: Device):
+    """The device once it is online on the broker and listening; closed (SIGTERM) after, cleanly."""
     try:
         dev.wait_for("availability", lambda p: p == "online", timeout=300)
         deadline = time.monotonic() + 120
@@ -160,6 +163,21 @@ def device(tmp_path_factory, pulse_env):
         dev.close()
     assert dev.proc.returncode == 0, dev.log.read_text()[-3000:]
     assert dev.messages()[-1] == ("availability", "offline")  # said goodbye on SIGTERM
+
+
+@pytest.fixture(scope="module")
+def device(tmp_path_factory, pulse_env):
+    yield from running(Device(tmp_path_factory.mktemp("home"), pulse_env))
+
+
+@pytest.fixture(scope="module")
+def wake_device(tmp_path_factory, pulse_env):
+    """A second device: wake word "hey jarvis" and, with --serve, the websocket (and /health) and Wyoming."""
+    port, wyoming_port = free_port(), free_port()
+    dev = Device(tmp_path_factory.mktemp("wake"), pulse_env, serve=True,
+                 settings=("models.wake_word=hey_jarvis", f"server.port={port}", f"wyoming.port={wyoming_port}"))
+    dev.http_port, dev.wyoming_port = port, wyoming_port
+    yield from running(dev)
 
 
 @pytest.fixture(scope="module")
@@ -219,3 +237,23 @@ async def test_local_conversation_is_spoken_and_its_state_reaches_home_assistant
     device.wait_for("event", lambda p: "turn_end" in p, after=before, timeout=30)
     heard = await stt.transcribe(recording.samples)
     assert reply["text"].strip() and wer(reply["text"], heard) <= 0.35, (reply["text"], heard)
+
+
+async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
+    """`run --serve` with a wake word: /health answers ready, Wyoming listens, "hey jarvis" spoken in the room
+    fires the Home Assistant event entity, and an MQTT say is still heard on the speaker."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{wake_device.http_port}/health", timeout=30) as response:
+        assert response.status == 200 and json.loads(response.read())["status"] == "ready"
+    with socket.create_connection(("127.0.0.1", wake_device.wyoming_port), timeout=30):
+        pass
+    before = len(wake_device.messages())
+    wake_device.play_in_room(np.concatenate([piper("Hey Jarvis."), np.zeros(RATE, dtype=np.int16)]))
+    event = json.loads(wake_device.wait_for("event", lambda p: "wake_word" in p, after=before, timeout=60))
+    assert event["event_type"] == "wake_word" and "jarvis" in json.dumps(event)
+    text = "The washing machine has finished."
+    before = len(wake_device.messages())
+    with wake_device.record() as recording:
+        wake_device.publish("say", text)
+        wake_device.wait_for("spoken", after=before, timeout=120)
+    heard = await stt.transcribe(recording.samples)
+    assert wer(text, heard) <= 1 / len(text.split()), heard
