@@ -3,6 +3,7 @@ against a real mosquitto and a private PulseAudio server with two null sinks (no
 
     room   what the device's microphone hears (its monitor is the device's input; the test plays questions here)
     spk    the device's speaker (the test records its monitor)
+    room2, spk2  the same for a second device (wake word, --serve), so the two never hear each other
 
 What the device plays is recorded and transcribed with Whisper tiny.en, so "it was spoken" means a listener
 could understand it, not that some function was called. The MQTT side is read with the stock mosquitto_sub and
@@ -47,6 +48,7 @@ def pulse_env(tmp_path_factory):
            "PULSE_SERVER": f"unix:{run / 'native'}"}
     subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
                     "--load=module-null-sink sink_name=spk", "--load=module-null-sink sink_name=room",
+                    "--load=module-null-sink sink_name=spk2", "--load=module-null-sink sink_name=room2",
                     f"--load=module-native-protocol-unix socket={run / 'native'}", "--load=module-always-sink"],
                    check=True, capture_output=True, env=env, timeout=30)
     for _ in range(100):
@@ -63,8 +65,9 @@ class Device:
     """The `specvoice run` process, the broker, and everything published under the prefix (mosquitto_sub)."""
 
     def __init__(self, workdir: Path, pulse_env: dict[str, str], *, settings: tuple[str, ...] = (),
-                 serve: bool = False) -> None:
-        self.workdir, self.pulse_env = workdir, pulse_env
+                 serve: bool = False, speaker: str = "spk", room: str = "room") -> None:
+        """``speaker`` and ``room``: this device's own null sinks (two devices must not hear each other)."""
+        self.workdir, self.pulse_env, self.speaker, self.room = workdir, pulse_env, speaker, room
         self.broker = Broker(workdir / "broker")
         self.broker.start()
         self.messages_file = workdir / "messages.txt"
@@ -72,7 +75,7 @@ class Device:
                                      str(self.broker.port), "-v", "-t", f"{PREFIX}/#", "-t", "homeassistant/#"],
                                     stdout=self.messages_file.open("w"), stderr=subprocess.DEVNULL)
         env = {key: value for key, value in pulse_env.items() if not key.startswith("SPECVOICE_")}
-        env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": "spk", "PULSE_SOURCE": "room.monitor"})
+        env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": speaker, "PULSE_SOURCE": f"{room}.monitor"})
         self.log = workdir / "device.log"
         settings = ["mqtt.enabled=true", f"mqtt.port={self.broker.port}", "mqtt.node_id=hometest",
                     "audio.input_device=pulse", "audio.output_device=pulse", "audio.latency=0.25", *settings]
@@ -105,7 +108,7 @@ class Device:
                         "-t", f"{PREFIX}/{topic}", "-m", payload], check=True, timeout=30)
 
     def record(self) -> Recording:
-        return Recording(self.workdir / f"spk-{time.monotonic_ns()}.raw", self.pulse_env)
+        return Recording(self.workdir / f"spk-{time.monotonic_ns()}.raw", self.pulse_env, self.speaker)
 
     def play_in_room(self, samples: np.ndarray) -> None:
         path = self.workdir / "question.wav"
@@ -114,7 +117,7 @@ class Device:
             wav.setsampwidth(2)
             wav.setframerate(RATE)
             wav.writeframes(samples.astype(np.int16).tobytes())
-        subprocess.run(["paplay", "--device=room", str(path)], check=True, env=self.pulse_env, timeout=60)
+        subprocess.run(["paplay", f"--device={self.room}", str(path)], check=True, env=self.pulse_env, timeout=60)
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -131,11 +134,11 @@ class Device:
 class Recording:
     """parecord on the speaker's monitor while the block runs; ``samples`` once it ended."""
 
-    def __init__(self, path: Path, env: dict[str, str]) -> None:
-        self.path, self.env = path, env
+    def __init__(self, path: Path, env: dict[str, str], speaker: str) -> None:
+        self.path, self.env, self.speaker = path, env, speaker
 
     def __enter__(self) -> Recording:
-        self.proc = subprocess.Popen(["parecord", "--device=spk.monitor", "--raw", "--format=s16le",
+        self.proc = subprocess.Popen(["parecord", f"--device={self.speaker}.monitor", "--raw", "--format=s16le",
                                       f"--rate={RATE}", "--channels=1", str(self.path)], env=self.env)
         time.sleep(0.5)
         return self
@@ -174,7 +177,7 @@ def device(tmp_path_factory, pulse_env):
 def wake_device(tmp_path_factory, pulse_env):
     """A second device: wake word "hey jarvis" and, with --serve, the websocket (and /health) and Wyoming."""
     port, wyoming_port = free_port(), free_port()
-    dev = Device(tmp_path_factory.mktemp("wake"), pulse_env, serve=True,
+    dev = Device(tmp_path_factory.mktemp("wake"), pulse_env, serve=True, speaker="spk2", room="room2",
                  settings=("models.wake_word=hey_jarvis", f"server.port={port}", f"wyoming.port={wyoming_port}"))
     dev.http_port, dev.wyoming_port = port, wyoming_port
     yield from running(dev)
