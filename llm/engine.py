@@ -282,6 +282,9 @@ class Conversation:
         self._before_turn: list[dict] | None = None  # the messages before the latest reply (forget_last_turn)
         self._pending: list[dict] | None = None  # reply(commit=False): the history it answers, until commit()
         self.last_stats: DecodeStats | None = None
+        # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
+        # the template shows them to the model, which answers with a call in its own syntax (Qwen2.5: <tool_call>)
+        self.tools: list[dict] | None = None
 
     @property
     def cached_tokens(self) -> tuple[int, int | None]:
@@ -290,7 +293,8 @@ class Conversation:
 
     def prompt_ids(self, messages: list[dict] | None = None) -> list[int]:
         ids = self.engine.tokenizer.apply_chat_template(messages if messages is not None else self.messages,
-                                                        add_generation_prompt=True, tokenize=True)
+                                                        tools=self.tools or None, add_generation_prompt=True,
+                                                        tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -307,30 +311,41 @@ class Conversation:
             prompt = self.prompt_ids(messages)
         return messages, prompt
 
-    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+    async def reply(self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
                     ) -> AsyncIterator[Emission]:
-        """Stream the accepted reply to ``user_text``.
+        """Stream the accepted reply to ``user_text`` (None: to the history as it is, e.g. a greeting, or the
+        answer after a function's output).
 
         ``commit=True``: the user turn and what was streamed join the history when the stream ends (also when it
         is cancelled). ``commit=False``: the history is left untouched while streaming; the caller then calls
         ``commit(text)`` once with what the user actually heard, or ``discard()`` (a reply started early on a
         guess, or one cancelled before anything was heard). A voice turn commits once, with the heard text."""
         settings = settings or self.engine.settings
-        if not user_text or not user_text.strip():
+        if user_text is not None and not user_text.strip():
             raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
+        if user_text is None and not self.messages:
+            raise ValueError("no history and no user text: there is nothing to reply to; fix: send some words")
         if self._busy:
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return  # defined result: no reply, and the conversation is left as it was
-        kept, prompt = self._fit_history(self.messages + [{"role": "user", "content": user_text}])
-        limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refused turn leaves no trace
+        new = [{"role": "user", "content": user_text}] if user_text is not None else []
         self._busy = True
+        try:  # tokenizing a long history takes a while: on the engine's thread, never on the event loop
+            kept, prompt = await self.engine.run(self._fit_history, self.messages + new)
+            limit = self.engine.check_prompt(prompt, settings)  # before any change: a refused turn leaves no trace
+        except BaseException:
+            self._busy = False
+            raise
         self._pending = kept  # the history this reply answers, the user turn included
         if commit:
             self._before_turn = list(self.messages)
             self.messages[:] = kept
         text = ""
         failed = False
+        # with tools, a call's tags are special tokens (Qwen2.5: <tool_call>) that must reach the caller's parser;
+        # stop tokens never reach the text either way
+        skip_special = not self.tools
         try:
             start = time.monotonic()
             gen, reused = await self.engine.run(self._start, prompt, _with_limit(settings, limit))
@@ -344,7 +359,7 @@ class Conversation:
                         continue
                     tokens.append(token)
                     pending.append(token)
-                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=skip_special)
                     if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the next token
                         continue
                     piece, text = full[len(text):], full
@@ -356,7 +371,7 @@ class Conversation:
             # a failure (bad prompt, model error): the turn did not happen unless part of it was streamed
             failed = not text
             if failed and commit:
-                self.messages.pop()
+                self.messages[:] = self._before_turn or []
             raise
         finally:
             # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed
