@@ -9,6 +9,8 @@ import json
 import logging
 import sys
 import time
+from collections.abc import Callable
+from typing import Any
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
@@ -41,3 +43,32 @@ def setup_logging(level: str = "WARNING", fmt: str = "json") -> None:
     root.handlers[:] = [handler]
     root.setLevel(level)
     root.propagate = False
+
+
+class RateLimitedLog:
+    """Warnings about one client, at most ``burst`` per ``period_s`` (a token bucket); the ones held back are
+    counted, and the next warning that gets through says how many (``suppressed``). Why: a client that sends bad
+    messages in a loop must not flood the journal, and one bad message must still be visible."""
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 5, period_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, **context: Any) -> None:
+        self.logger, self.burst, self.period_s, self.clock = logger, burst, period_s, clock
+        self.context = context  # e.g. session=..., peer=...: added to every line
+        self._tokens = float(burst)
+        self._last = clock()
+        self.suppressed = 0
+
+    def warning(self, message: str, **fields: Any) -> bool:
+        """Log unless over the rate; returns whether it was logged."""
+        now = self.clock()
+        self._tokens = min(float(self.burst), self._tokens + (now - self._last) * self.burst / self.period_s)
+        self._last = now
+        if self._tokens < 1.0:
+            self.suppressed += 1
+            return False
+        self._tokens -= 1.0
+        extra = {**self.context, **fields}
+        if self.suppressed:
+            extra["suppressed"], self.suppressed = self.suppressed, 0
+        self.logger.warning(message, extra=extra)
+        return True
