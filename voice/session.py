@@ -141,7 +141,7 @@ class Session:
             if self.replying:
                 await self._interrupt()
             self._listen_trace = self._new_trace()
-            self._listen_trace.mark("speech_start", event.t)
+            self._listen_trace.mark("speech_start", self.listener.arrival(event.t))
             self._set_state(State.LISTENING)
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
@@ -157,9 +157,8 @@ class Session:
         """The user's turn is over: transcribe it and reply, in a turn that a barge-in can cancel."""
         u = ended.utterance
         trace, self._listen_trace = self._listen_trace or self._new_trace(), None
-        trace.mark("speech_start", u.speech_start)
-        trace.mark("speech_end", u.speech_end)
-        trace.mark("endpoint", u.endpoint)
+        for mark, t in (("speech_start", u.speech_start), ("speech_end", u.speech_end), ("endpoint", u.endpoint)):
+            trace.mark(mark, self.listener.arrival(t))  # the wall clock, as every later mark
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
