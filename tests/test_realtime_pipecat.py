@@ -19,16 +19,23 @@ from typing import Any
 
 import numpy as np
 import pytest
-from broker import free_port
-from serving import serving
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 
+from broker import free_port
+from serving import serving
+
 pipecat = pytest.importorskip("pipecat")
 
-from pipecat.frames.frames import (EndFrame, Frame, InputAudioRawFrame, InterruptionFrame,  # noqa: E402
-                                   LLMMessagesAppendFrame, LLMRunFrame)
+from pipecat.frames.frames import (  # noqa: E402
+    EndFrame,
+    Frame,
+    InputAudioRawFrame,
+    InterruptionFrame,
+    LLMMessagesAppendFrame,
+    LLMRunFrame,
+)
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.runner import PipelineRunner  # noqa: E402
 from pipecat.pipeline.task import PipelineTask  # noqa: E402
