@@ -292,6 +292,7 @@ class EchoSuppressor:
         return out
 
     def _block(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
+        assert self.gate is not None  # mode "off" never gets here
         if self.canceller is not None:
             changes = self.canceller.path_changes
             cleaned = self.canceller.process(mic, ref)

@@ -141,10 +141,11 @@ class MicSource:
         error: Exception | None = None
         for device_rate in dict.fromkeys((self.rate, default_rate)):
             try:
-                self._stream = sd.InputStream(device=self.device, samplerate=device_rate, channels=1, dtype="int16",
-                                              blocksize=device_rate * self.block_ms // 1000, callback=callback,
-                                              latency=self.latency)
-                self._stream.start()
+                stream = sd.InputStream(device=self.device, samplerate=device_rate, channels=1, dtype="int16",
+                                        blocksize=device_rate * self.block_ms // 1000, callback=callback,
+                                        latency=self.latency)
+                stream.start()
+                self._stream = stream
                 return device_rate
             except sd.PortAudioError as exc:
                 error = exc

@@ -141,6 +141,7 @@ class Vad:
         while len(self._pending) >= w:
             window, self._pending = self._pending[:w], self._pending[w:]
             t = self._pending_t
+            assert t is not None  # anchored above, before any window is scored
             self._pending_t = t + w / self.rate
             event = self._step(self.model.score(window), t, t + w / self.rate)
             if event is not None:

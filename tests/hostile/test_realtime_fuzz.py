@@ -13,20 +13,15 @@ The server runs on its own event loop in a thread, so hypothesis can drive it fr
 
 from __future__ import annotations
 
-import asyncio
 import base64
 import json
-import logging
-import threading
-from typing import Any
 
 import pytest
+from hostile import ServerThread
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from voice.assistant import Assistant
-from voice.server import serve
 from voice.transports.realtime_events import SCHEMAS
 
 from realtime_client import check_event, make_config
@@ -34,57 +29,17 @@ from realtime_client import check_event, make_config
 TYPES = sorted(SCHEMAS) + ["response.explode", "", "session.update ", "output_audio_buffer.clear"]
 
 
-class ServerThread:
-    """serve() on its own loop in a thread, stopped gracefully at the end."""
-
-    def __init__(self, config: Any, assistant: Any) -> None:
-        self.config, self.assistant = config, assistant
-        self.started = threading.Event()
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_until_complete, args=(self._main(),), daemon=True)
-
-    async def _main(self) -> None:
-        self.stop = asyncio.Event()
-        ready = asyncio.Event()
-        task = asyncio.create_task(serve(self.config, ready=ready, assistant=self.assistant, stop=self.stop))
-        await asyncio.wait({task, asyncio.create_task(ready.wait())}, return_when=asyncio.FIRST_COMPLETED)
-        self.started.set()
-        await task
-
-    def __enter__(self) -> ServerThread:
-        self.thread.start()
-        assert self.started.wait(60), "server did not start"
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.loop.call_soon_threadsafe(self.stop.set)
-        self.thread.join(60)
-
-
-class Tracebacks(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.WARNING)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        if record.exc_info or record.levelno >= logging.ERROR:
-            self.records.append(record)
-
-
 @pytest.fixture(scope="module")
-def server(small_config):
-    config = small_config.model_copy(deep=True)
-    config.llm.max_new_tokens = 4
-    assistant = Assistant.load_sync(config)
-    config = make_config(assistant, max_text_chars=2048, max_items=64, idle_timeout_s=60.0)
-    handler = Tracebacks()
-    logging.getLogger("specvoice").addHandler(handler)
+def server(hostile_assistant, tracebacks):
+    """serve() in its own thread (tests/hostile/hostile.py), on the suite's small models; every log record with a
+    traceback is collected (conftest.py)."""
+    config = make_config(hostile_assistant, max_text_chars=2048, max_items=64, idle_timeout_s=60.0)
+    running = ServerThread(config, hostile_assistant).start()
+    running.tracebacks = tracebacks.records  # type: ignore[attr-defined]
     try:
-        with ServerThread(config, assistant) as running:
-            running.tracebacks = handler.records
-            yield running
+        yield running
     finally:
-        logging.getLogger("specvoice").removeHandler(handler)
+        running.stop()
 
 
 # ---- what hypothesis writes -------------------------------------------------------------------------------------

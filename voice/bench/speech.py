@@ -111,14 +111,15 @@ async def bench_tts(config, repeats: int) -> dict:
         pass
     out = {"voice": config.models.tts, "sample_rate": tts.sample_rate}
     for label, text in (("short", SHORT_FRAGMENT), ("long", LONG_FRAGMENT)):
-        firsts, rtfs = [], []
+        firsts: list[float] = []
+        rtfs: list[float] = []
         for _ in tqdm(range(repeats), desc=f"tts {label}", disable=None, leave=False):
             t0 = time.perf_counter()
             first, samples = None, 0
             async for pcm in tts.stream(text):
                 first = first if first is not None else time.perf_counter() - t0
                 samples += len(pcm)
-            firsts.append(first)
+            firsts.append(first if first is not None else float("nan"))
             rtfs.append((time.perf_counter() - t0) / (samples / tts.sample_rate))
         out[label] = {"chars": len(text), "first_audio_p50_s": round(_pct(firsts, 50), 3),
                       "first_audio_max_s": round(max(firsts), 3), "rtf_p50": round(_pct(rtfs, 50), 3)}

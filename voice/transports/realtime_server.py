@@ -29,7 +29,8 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
-from voice.logs import RateLimitedLog
+from voice.health import HEALTH_PATH, health_response
+from voice.logs import ClientWarnings
 from voice.metrics import CONTENT_TYPE
 from voice.transports.common import Shared
 from voice.transports.realtime import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
@@ -111,7 +112,7 @@ class RealtimeServer:
         self.shared = shared
         self.config = shared.config
         self.connections: set[RealtimeConnection] = set()
-        self._refusals = RateLimitedLog(log)  # a hostile page can retry in a loop: the journal sees a few
+        self._refusals = ClientWarnings(log)  # a hostile page can retry in a loop: the journal sees a few
         self._server: Server | None = None
 
     @property
@@ -134,6 +135,8 @@ class RealtimeServer:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
+        if path == HEALTH_PATH:
+            return health_response(connection, self.shared)
         if path == METRICS_PATH:
             if not self._authorized(request):
                 return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong token; send "
@@ -151,8 +154,9 @@ class RealtimeServer:
         origin, host = one_header(request, "Origin"), one_header(request, "Host")
         if not origin_allowed(origin, host, self.config.server.allowed_origins):
             self.shared.metrics.rejected.labels("websocket", "origin").inc()
-            self._refusals.warning("cross-origin websocket refused", origin=origin[:200] if origin else None,
-                                   peer=str(connection.remote_address))
+            address = connection.remote_address
+            self._refusals.warn(str(address[0]) if address else "?", "cross-origin websocket refused",
+                                origin=origin[:200] if origin else None)
             return connection.respond(HTTPStatus.FORBIDDEN, "this page's origin may not open the websocket; fix: "
                                       "add it to server.allowed_origins (scheme://host[:port])\n")
         return None
