@@ -65,6 +65,9 @@ class Conversation(ChatHistory):
         self._exchange_tokens: list[int] = []  # prompt tokens each recent exchange added (to trim ahead)
         self.trims = 0  # how many times old exchanges were dropped (for tests and the soak benchmark)
         self.last_stats: DecodeStats | None = None
+        # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
+        # the template shows them to the model, which answers with a call in its own syntax (voice/toolcalls.py)
+        self.tools: list[dict[str, Any]] | None = None
 
     @property
     def cached_tokens(self) -> tuple[int, int | None]:
@@ -73,7 +76,8 @@ class Conversation(ChatHistory):
 
     def prompt_ids(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
         ids = self.engine.tokenizer.apply_chat_template(messages if messages is not None else self.messages,
-                                                        add_generation_prompt=True, tokenize=True)
+                                                        tools=self.tools or None, add_generation_prompt=True,
+                                                        tokenize=True)
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -97,31 +101,33 @@ class Conversation(ChatHistory):
         self.trims += dropped
         return messages, prompt
 
-    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+    async def reply(self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
                     ) -> AsyncIterator[Emission]:
-        """Stream the accepted reply to ``user_text``.
+        """Stream the accepted reply to ``user_text`` (None: to the history as it is, e.g. a greeting, or the
+        answer after a function's output).
 
         ``commit=True``: the user turn and what was streamed join the history when the stream ends (also when it
         is cancelled after the first token). ``commit=False``: the history is left untouched; the caller then
         calls ``commit(heard)`` once with what the user actually heard, or ``discard()`` (a reply started early
         on a guess). A voice turn commits once, with the heard text, so the history is never written twice."""
         settings = settings or self.engine.settings
-        if not user_text or not user_text.strip():
+        if user_text is not None and not user_text.strip():
             raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
+        if user_text is None and not self.messages:
+            raise ValueError("no history and no user text: there is nothing to reply to; fix: send some words")
         if self._busy:
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return  # defined result: no reply, and the conversation is left as it was
-        before_len = len(self.prompt_ids())
         trims = self.trims
-        user = {"role": "user", "content": user_text}
-        kept, prompt = self._trim(self.messages + [user], self.history_tokens, 1)
-        try:
-            limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
-        except ValueError:
-            self.trims = trims
-            raise
+        new = [{"role": "user", "content": user_text}] if user_text is not None else []
         self._busy = True
+        try:  # tokenizing a long history takes a while: on the engine's thread, never on the event loop
+            before_len, (kept, prompt) = await self.engine.run(self._prepare, new)
+            limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
+        except BaseException:
+            self.trims, self._busy = trims, False
+            raise
         if commit:
             self._before_turn = list(self.messages)
             self.messages[:] = kept
@@ -129,6 +135,9 @@ class Conversation(ChatHistory):
             self._pending, self._pending_reply, self._pending_before = kept, "", before_len
         text = ""
         streamed = False
+        # with tools, a call's tags are special tokens (Qwen2.5: <tool_call>) that must reach the caller's parser;
+        # stop tokens never reach the text either way
+        skip_special = not self.tools
         try:
             start = time.monotonic()
             gen, reused = await self.engine.run(self._start, prompt, settings.but(max_new_tokens=limit))
@@ -141,7 +150,7 @@ class Conversation(ChatHistory):
                         continue
                     tokens.append(token)
                     pending.append(token)
-                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=skip_special)
                     if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the next token
                         continue
                     piece, text = full[len(text):], full
@@ -166,6 +175,10 @@ class Conversation(ChatHistory):
                 self._before_turn = None
                 self.trims = trims
             self._busy = False
+
+    def _prepare(self, new: list[dict[str, Any]]) -> tuple[int, tuple[list[dict[str, Any]], list[int]]]:
+        """The prompt's length now, and the messages (with ``new``) to keep with their prompt."""
+        return len(self.prompt_ids()), self._trim(self.messages + new, self.history_tokens, 1)
 
     def commit(self, heard_text: str) -> None:
         pending_reply, before = self._pending_reply, self._pending_before

@@ -19,6 +19,7 @@ import asyncio
 import base64
 import contextlib
 import json
+import math
 import os
 import shutil
 import subprocess
@@ -31,16 +32,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from broker import free_port
-from serving import serving
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed
 
 from audio.wavfile import write_wav
 from voice.assistant import Assistant
+from voice.speechset import espeak_utterance, wer
 from voice.transports.common import SessionSlots, Shared
 from voice.transports.realtime_server import RealtimeServer
-from voice.speechset import espeak_utterance, wer
+
+from broker import free_port
+from serving import serving
 
 CHROMIUM = "/usr/lib/chromium/chromium"     # not /usr/bin/chromium: its wrapper script prints shell noise
 CHROMEDRIVER = "/usr/bin/chromedriver"
@@ -251,7 +253,7 @@ async def test_browser_page_hears_the_question_and_plays_the_reply(assistant, tm
     # the waterfall: every stage of a spoken turn, and the figure over it
     assert {"speech", "endpointing", "stt_final", "llm_first_token", "first_fragment", "tts_first_audio",
             "playback_start", "voice_to_voice"} <= set(state["shown"]["stages"])
-    assert state["shown"]["v2v"].startswith(f"{round(v2v)} ms")
+    assert state["shown"]["v2v"].startswith(f"{math.floor(v2v + 0.5)} ms")   # JS Math.round (2398.5 -> 2399)
     assert (ARTEFACTS / "waterfall.png").stat().st_size > 1000
 
 
@@ -260,7 +262,13 @@ async def test_browser_barge_in_silences_the_reply_and_says_how_much_was_heard(a
     actually played, and the page goes on to the next turn whatever the server answers to the truncate."""
     wav = utterance_wav(tmp_path / "barge-in.wav", [("Tell me a long story about a dragon and a knight.", 7.0),
                                                     ("Stop. What is your name?", 2.0)])
+    # a reply long enough to be playing when "Stop" comes 7 s later, by construction: with the shipped prompt
+    # ("one to three short sentences") SmolLM2 tells the story in one sentence, and a fast machine has played
+    # it whole by then (the page then sees no barge-in). The fixture is shared: its prompt is restored below.
+    shipped = assistant.config.dialog.system_prompt
+    assistant.config.dialog.system_prompt = "You are a storyteller. Answer with a long story of many sentences."
     config = make_config(assistant.config, token=TOKEN)
+    config.llm.max_new_tokens = 128   # the page's responses (about 40 s of speech); the session keeps the rest
 
     def talk() -> dict[str, Any]:
         with chromium(wav, tmp_path / "profile") as driver:
@@ -271,8 +279,11 @@ async def test_browser_barge_in_silences_the_reply_and_says_how_much_was_heard(a
             state["console"] = severe_console(driver)
             return state
 
-    async with serving(config, assistant):
-        state = await asyncio.to_thread(talk)
+    try:
+        async with serving(config, assistant):
+            state = await asyncio.to_thread(talk)
+    finally:
+        assistant.config.dialog.system_prompt = shipped
     truncate = state["truncates"][0]
     print(f"\nbarge-in: {truncate}; notes {state['notes']}; errors {state['errors']}")
     assert truncate["content_index"] == 0 and truncate["item_id"].startswith("item_")
@@ -280,8 +291,7 @@ async def test_browser_barge_in_silences_the_reply_and_says_how_much_was_heard(a
     assert any(note.startswith("interrupted") for note in state["notes"]), state["notes"]
     assert len(state["transcripts"]) == 2 and wer("Stop. What is your name?", state["transcripts"][1]) <= 0.5
     assert state["console"] == []
-    # until the server honours conversation.item.truncate it answers an error naming it: shown, not fatal
-    assert all("conversation.item.truncate" in e["message"] for e in state["errors"]), state["errors"]
+    assert state["errors"] == []          # the server honours conversation.item.truncate
 
 
 # ---- Firefox, over WebDriver BiDi --------------------------------------------------------------------------------

@@ -221,6 +221,21 @@ class ServerConfig(_Section):
     idle_timeout_s: float = Field(300.0, gt=0)
     metrics_port: int | None = Field(None, ge=0, le=65535, description="extra /metrics listener on 127.0.0.1")
     shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, turns in progress get this long to finish")
+    allowed_origins: list[str] = Field(
+        default_factory=list, description="browser origins (scheme://host[:port]) that may open the websocket "
+                                          "besides the server's own page, e.g. ['https://home.example.com']")
+    max_text_chars: int = Field(16384, ge=256, le=1 << 20, description="longest text in one websocket field "
+                                                                      "(a message, instructions, a tool's output)")
+    max_items: int = Field(512, ge=16, description="conversation items a websocket session keeps (oldest dropped)")
+
+    @model_validator(mode="after")
+    def _origins(self) -> ServerConfig:
+        for origin in self.allowed_origins:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest or origin != origin.strip():
+                raise ValueError(f"server.allowed_origins: {origin!r} is not an origin; fix: write it as a browser "
+                                 "sends it, scheme://host[:port] with no path, e.g. 'https://home.example.com'")
+        return self
 
 
 class WyomingConfig(_Section):

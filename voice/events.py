@@ -78,6 +78,14 @@ class ActionRequested:
 
 
 @dataclass
+class ToolCallRequested:
+    """The LLM called a function the client declared (``arguments``: JSON text); the client runs it."""
+
+    name: str
+    arguments: str
+
+
+@dataclass
 class TurnDone:
     turn_id: int
     transcript: str
@@ -94,5 +102,5 @@ class TurnError:
 
 
 Event = Union[StateChanged, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyTextDelta,
-              ReplyAudio, ActionRequested, TurnDone, TurnError, PauseHeard, SpeechResumed]
+              ReplyAudio, ActionRequested, ToolCallRequested, TurnDone, TurnError, PauseHeard, SpeechResumed]
 EventHandler = Callable[[Event], None]

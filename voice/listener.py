@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -33,6 +34,8 @@ from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad, VadEvent
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
 from voice.stt import SpeechToText, StreamingTranscription
+
+ARRIVALS_KEPT = 4096  # unstamped chunks remembered for arrival(): minutes of 20-100 ms network appends
 
 log = logging.getLogger("specvoice.listener")
 
@@ -90,6 +93,8 @@ class Listener:
         self._stream: StreamingTranscription | None = None
         self._start_t = 0.0
         self._clock: float | None = None  # audio time of the next pushed sample
+        # unstamped chunks: (audio time of the chunk's end, wall time it arrived), for arrival()
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=ARRIVALS_KEPT)
         self._awake_until = 0.0
         self._pass: asyncio.Task[str | None] | None = None
         self._pass_started = 0.0  # audio time when the last pass started
@@ -177,9 +182,21 @@ class Listener:
         clock ahead (it never jumps back, which would stretch the VAD's silence timers), one that paused jumps it
         forward to now."""
         if t is None:
-            earliest = time.monotonic() - n / SPEECH_RATE
+            now = time.monotonic()
+            earliest = now - n / SPEECH_RATE
             t = earliest if self._clock is None else max(self._clock, earliest)
+            self._arrivals.append((t + n / SPEECH_RATE, now))
         self._clock = t + n / SPEECH_RATE
+        return t
+
+    def arrival(self, t: float) -> float:
+        """When the audio at time ``t`` (audio clock) reached us, on the wall clock: the time a latency trace
+        wants. For a device the two clocks are one; a network client that sends faster than real time runs the
+        audio clock ahead of the wall, and measured from there the reply would seem to start before the user
+        stopped speaking (voice-to-voice 0). Times older than the chunks kept are returned as they are."""
+        for end, arrived in self._arrivals:
+            if end >= t:
+                return min(t, arrived)
         return t
 
     def _endpointing(self, chunk: AudioChunk) -> list[ListenEvent]:

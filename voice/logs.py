@@ -129,3 +129,18 @@ class _Bucket:
     tokens: float
     t: float
     dropped: int = 0
+
+
+class RateLimitedLog:
+    """``ClientWarnings`` for one client whose every line carries the same ``context`` (a websocket connection:
+    session, peer): ``warning(message, **fields)``, at most ``burst`` per ``period_s``."""
+
+    def __init__(self, logger: logging.Logger, *, burst: int = 5, period_s: float = 60.0,
+                 clock: Callable[[], float] = time.monotonic, **context: Any) -> None:
+        self._warnings = ClientWarnings(logger, burst=burst, period_s=period_s, max_clients=1, clock=clock)
+        self.context = context
+        self.client = str(context.get("peer", ""))
+
+    def warning(self, message: str, **fields: Any) -> bool:
+        """Log unless over the rate; returns whether it was logged."""
+        return self._warnings.warn(self.client, message, **{**self.context, **fields})

@@ -33,11 +33,16 @@ log = logging.getLogger("specvoice.serve")
 
 
 def check_exposure(config: Config) -> None:
-    """Localhost by default; anything wider needs a token (websocket) or an allow-list (Wyoming)."""
+    """Localhost by default; anything wider needs a token (websocket) or an allow-list (Wyoming). Home actions
+    need a token even on localhost: any local process (another user's, a browser extension) could otherwise
+    switch them through the websocket."""
     s = config.server
     if not is_loopback(s.host) and not s.token:
         raise ConfigError(f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
                           "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1")
+    if config.mqtt.enabled and config.mqtt.allowed_actions and not s.token:
+        raise ConfigError("mqtt.allowed_actions lets the assistant switch things in the home, and the websocket API "
+                          "has no token; fix: set server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16))")
     if config.wyoming.enabled:
         Gate.check_config(config)
 

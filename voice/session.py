@@ -65,10 +65,10 @@ class Session:
         self.state = State.IDLE
         self._on_event = on_event or (lambda event: None)
         allowed = {topic: list(payloads) for topic, payloads in cfg.mqtt.allowed_actions.items()}
-        system_prompt = cfg.dialog.system_prompt
-        if allowed:
-            system_prompt += "\n\n" + action_instructions(allowed)
-        self.conversation = assistant.engine.conversation(system_prompt, cfg.dialog.history_tokens)
+        self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
+        self.conversation = assistant.engine.conversation(cfg.dialog.system_prompt + self._actions_prompt,
+                                                          cfg.dialog.history_tokens)
+        self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
         self.ctx = TurnContext(conversation=self.conversation, decode=assistant.decode_settings(), tts=assistant.tts,
                                tts_config=cfg.tts, sink=sink, emit=self.emit, set_state=self._set_state,
@@ -141,7 +141,7 @@ class Session:
             if self.replying:
                 await self._interrupt()
             self._listen_trace = self._new_trace()
-            self._listen_trace.mark("speech_start", event.t)
+            self._listen_trace.mark("speech_start", self.listener.arrival(event.t))
             self._set_state(State.LISTENING)
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
@@ -157,9 +157,8 @@ class Session:
         """The user's turn is over: transcribe it and reply, in a turn that a barge-in can cancel."""
         u = ended.utterance
         trace, self._listen_trace = self._listen_trace or self._new_trace(), None
-        trace.mark("speech_start", u.speech_start)
-        trace.mark("speech_end", u.speech_end)
-        trace.mark("endpoint", u.endpoint)
+        for mark, t in (("speech_start", u.speech_start), ("speech_end", u.speech_end), ("endpoint", u.endpoint)):
+            trace.mark(mark, self.listener.arrival(t))  # the wall clock, as every later mark
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
@@ -209,15 +208,17 @@ class Session:
 
     # ---- text in --------------------------------------------------------------------------------------------
 
-    async def ask(self, text: str, *, speak: bool = True) -> TurnDone:
-        """A text turn: the reply is generated (and spoken) with the same events as a voice turn."""
-        text = text.strip()
-        if not text:
-            raise ValueError("ask() needs a non-empty question")
+    async def ask(self, text: str | None, *, speak: bool = True) -> TurnDone:
+        """A text turn: the reply is generated (and spoken) with the same events as a voice turn. ``None``: no new
+        words, the reply continues the history as it is (a greeting; the answer after a function's output)."""
+        if text is not None:
+            text = text.strip()
+            if not text:
+                raise ValueError("ask() needs a non-empty question (or None to continue the conversation)")
         await self._interrupt()
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
-        self._turn = turn = Turn(self.ctx, text, trace, speak=speak).start()
+        self._turn = turn = Turn(self.ctx, text or "", trace, speak=speak).start()
         done = await self._wait(turn)
         assert done is not None
         return done
@@ -242,6 +243,20 @@ class Session:
     async def wait_turn(self) -> TurnDone | None:
         """Wait for the turn in progress (if any) to finish; returns its TurnDone."""
         return await self._turn.wait() if self._turn is not None else None
+
+    def set_instructions(self, text: str | None) -> None:
+        """The system prompt from now on (a websocket client's ``instructions``; None: the configured one). The
+        home-action commands stay appended: they are the only way the model knows them. The caches keep what
+        still matches, and the new prompt is prefilled now if the session is idle."""
+        prompt = (self.config.dialog.system_prompt if text is None else text) + self._actions_prompt
+        messages = self.conversation.messages
+        if self._system is None or not any(m is self._system for m in messages):
+            self._system = {"role": "system", "content": prompt}
+            messages.insert(0, self._system)
+        else:
+            self._system["content"] = prompt
+        if not self.replying and (self._warm is None or self._warm.done()):
+            self._warm = self.assistant.spawn(self.conversation.warm())
 
     def truncate(self, heard_ms: float) -> str | None:
         """The client says the listener heard only ``heard_ms`` of the last reply's audio

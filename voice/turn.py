@@ -27,6 +27,7 @@ from voice.events import (ActionRequested, Event, ReplyAudio, ReplyTextDelta, St
 from voice.latency import LatencyStats, LatencyTrace
 from voice.listener import Utterance
 from voice.reply import ReplyOutcome, SpokenFragment, StageError
+from voice.toolcalls import ToolCallParser, call_message
 
 log = logging.getLogger("specvoice.turn")
 
@@ -78,6 +79,7 @@ class Turn:
         self._holding = False  # this turn holds the generation lock
         self._heard_cap: int | None = None  # the client said it heard only this many samples (truncate)
         self._committed: str | None = None  # the assistant message this turn wrote
+        self._tools: ToolCallParser | None = None
 
     @property
     def done(self) -> bool:
@@ -139,6 +141,8 @@ class Turn:
                 return None
             self.text = text
         parser = ActionParser(ctx.allowed_actions) if ctx.allowed_actions and self._commits else None
+        tools = getattr(ctx.conversation, "tools", None) if self._commits else None  # declared: calls not spoken
+        self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
         sink = ctx.sink if self.speak else None
         if sink is not None:
             sink.begin_utterance()
@@ -216,7 +220,7 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        stream = self.ctx.conversation.reply(self.text, self.ctx.decode, commit=False)
+        stream = self.ctx.conversation.reply(self.text or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
                 yield emission
@@ -235,14 +239,18 @@ class Turn:
             # the exchange enters the history once: the whole reply (with its action markers) when it was all
             # delivered, else the words the user heard
             complete = not cut and not self.interrupted and error is None
-            self._committed = outcome.raw.strip() if complete else heard
+            calls = self._tools.calls if self._tools is not None and complete else []
+            self._committed = outcome.raw.strip() if complete and not calls else heard
             ctx.conversation.commit(self._committed)
+            ctx.conversation.messages.extend([call_message(heard, calls)] if calls else [])  # the template's form
             self._committed = self._committed or None
         stats = ctx.conversation.last_stats if self._commits else None
         trace.extra.update({"interrupted": self.interrupted,
                             "decoder": stats.to_dict() if stats is not None else None})
         for request in (parser.requests if parser else []):
             ctx.emit(request if isinstance(request, ActionRequested) else ActionRequested(**request))
+        for call in (self._tools.calls if self._tools is not None and not (cut or self.interrupted) else []):
+            ctx.emit(call)
         if error is not None:
             ctx.emit(TurnError(trace.turn_id, error.stage, str(error)))
             log.warning("turn failed", extra={"session": ctx.session_id, "stage": error.stage, "error": str(error)})
@@ -308,8 +316,10 @@ class Turn:
                 text = piece if isinstance(piece, str) else piece.text
                 trace.mark("llm_first_token", time.monotonic() if isinstance(piece, str) else piece.t)
                 outcome.raw += text
+                text = self._tools.push(text) if self._tools is not None else text
                 await put(parser.push(text) if parser else text)
-            await put(parser.flush() if parser else "")
+            tail = self._tools.flush() if self._tools is not None else ""
+            await put(parser.push(tail) + parser.flush() if parser else tail)
             for frag in chunker.flush():
                 trace.mark("first_fragment", time.monotonic())
                 await fragments.put(frag)

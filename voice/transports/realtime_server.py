@@ -1,14 +1,24 @@
-"""The websocket listener: handshake checks (path, token, session slots), HTTP routes, one connection each.
+"""The websocket listener: handshake checks (path, origin, token, session slots), HTTP routes, one connection
+each.
 
-The same port answers ``/metrics`` (Prometheus) and the Realtime API at ``/v1/realtime`` (also ``/realtime``).
-Localhost by default; any other bind needs ``server.token`` (checked in ``voice.server``), sent as
-``Authorization: Bearer <token>`` (the openai SDK's api key) or ``?token=``.
+The same port answers the page at ``/``, ``/metrics`` (Prometheus) and the Realtime API at ``/v1/realtime`` (also
+``/realtime``). Localhost by default; a wider bind, or home actions, need ``server.token`` (checked in
+``voice.server``), sent as ``Authorization: Bearer <token>`` (the openai SDK's api key), as the subprotocol
+``openai-insecure-api-key.<token>`` (browsers) or ``?token=``.
+
+Browsers do not apply the same-origin rule to websockets: any page the user opens could connect to a server on
+localhost and drive it. So a handshake that carries an ``Origin`` (every browser sends one; native clients do
+not) must come from ``server.allowed_origins`` or from this server's own page, and is refused with HTTP 403
+otherwise. "Own page" means the Origin names exactly the Host the request was sent to, and that host is an IP
+address or ``localhost``: a DNS name could be pointed at this machine by the attacker (DNS rebinding), so names
+must be listed.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hmac
+import ipaddress
 import logging
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -20,6 +30,7 @@ from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
 from voice.health import HEALTH_PATH, health_response
+from voice.logs import ClientWarnings
 from voice.metrics import CONTENT_TYPE
 from voice.transports.common import Shared
 from voice.transports.realtime import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
@@ -61,6 +72,27 @@ def select_subprotocol(connection: ServerConnection, offered: Sequence[Subprotoc
     return Subprotocol(SUBPROTOCOL) if SUBPROTOCOL in offered else None
 
 
+def one_header(request: Request, name: str) -> str | None:
+    """A header that must appear at most once: its value, None when absent, "" when repeated (never trusted)."""
+    values = request.headers.get_all(name)
+    return None if not values else values[0] if len(values) == 1 else ""
+
+
+def origin_allowed(origin: str | None, host: str | None, allowed: Sequence[str]) -> bool:
+    """May a handshake with this Origin header open the websocket? (See the module docstring.)"""
+    if origin is None or origin in allowed:
+        return True
+    scheme, _, rest = origin.partition("://")
+    if scheme not in ("http", "https") or not host or rest.lower() != host.lower():
+        return False
+    name = urlsplit(origin).hostname or ""
+    try:
+        ipaddress.ip_address(name)
+    except ValueError:
+        return name == "localhost"
+    return True
+
+
 def page_response(request: Request) -> Response | None:
     """The browser page's files (``/``, ``/app.js``, ...) with their Content-Type and a same-origin CSP; None
     for any other path. The page holds no secret: the token is typed into it, never served."""
@@ -80,12 +112,13 @@ class RealtimeServer:
         self.shared = shared
         self.config = shared.config
         self.connections: set[RealtimeConnection] = set()
+        self._refusals = ClientWarnings(log)  # a hostile page can retry in a loop: the journal sees a few
         self._server: Server | None = None
 
     @property
     def port(self) -> int:
         assert self._server is not None
-        return int(self._server.sockets[0].getsockname()[1])
+        return int(next(iter(self._server.sockets)).getsockname()[1])
 
     async def start(self) -> None:
         s = self.config.server
@@ -118,6 +151,14 @@ class RealtimeServer:
         if path not in PATHS:
             return connection.respond(HTTPStatus.NOT_FOUND, f"no such path {path!r}; the websocket API is at "
                                       f"{PATHS[0]}, the page at / and metrics at {METRICS_PATH}\n")
+        origin, host = one_header(request, "Origin"), one_header(request, "Host")
+        if not origin_allowed(origin, host, self.config.server.allowed_origins):
+            self.shared.metrics.rejected.labels("websocket", "origin").inc()
+            address = connection.remote_address
+            self._refusals.warn(str(address[0]) if address else "?", "cross-origin websocket refused",
+                                origin=origin[:200] if origin else None)
+            return connection.respond(HTTPStatus.FORBIDDEN, "this page's origin may not open the websocket; fix: "
+                                      "add it to server.allowed_origins (scheme://host[:port])\n")
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -134,7 +175,7 @@ class RealtimeServer:
                                             "try again later")
             return
         try:
-            conn = RealtimeConnection(ws, self.shared)
+            conn = RealtimeConnection(ws, self.shared, peer=str(ws.remote_address))
             self.connections.add(conn)
             metrics.session_opened("websocket")
             log.info("websocket session", extra={"session": conn.id, "peer": str(ws.remote_address)})

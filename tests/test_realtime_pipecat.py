@@ -1,15 +1,13 @@
-"""DRAFT for phase 2 of issue 15 (not collected: rename to tests/test_realtime_pipecat.py once the server
-honours conversation.item.truncate and accepts system-role items). Fails today exactly where pipecat dies.
+"""pipecat's OpenAI Realtime service (pipecat-ai 1.14, a stock client no one here wrote) against serve() on the
+small models, in a minimal pipeline with no transport: a context aggregator pair around the service, an
+LLMRunFrame for the first reply, an InterruptionFrame while that reply's audio streams (pipecat sends
+conversation.item.truncate), a mid-session system message (pipecat sends it as a `system` item), then a second
+turn spoken as InputAudioRawFrames (server VAD).
 
-pipecat 1.14's OpenAIRealtimeLLMService against serve() on the small models, with no transport: a context
-aggregator pair, an LLMRunFrame (first reply), an InterruptionFrame while that reply's audio streams (pipecat
-sends conversation.item.truncate), then a second turn spoken as InputAudioRawFrames (server VAD). Today the
-server answers the truncate with an `error` (unknown_event_type); pipecat treats every error except
-response_cancel_not_active and conversation_already_has_active_response as fatal and stops reading the
-socket, so the spoken second turn is sent but never answered.
-
-Needs `pipecat-ai[openai]==1.14.0` in the test extra (it pins soxr 1.0.x and httpx 0.29; checked in a separate
-venv layered over ours, the main venv was left alone).
+Why it matters: pipecat treats every server `error` except two codes as fatal (it logs an ERROR and stops
+reading), validates every known server event with its own models, holds response.create until session.updated,
+and needs conversation.item.added to echo its own item ids. Before this server supported truncate and system
+items, pipecat died at the first barge-in.
 """
 
 from __future__ import annotations
@@ -21,16 +19,23 @@ from typing import Any
 
 import numpy as np
 import pytest
-from broker import free_port
-from serving import serving
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 
+from broker import free_port
+from serving import serving
+
 pipecat = pytest.importorskip("pipecat")
 
-from pipecat.frames.frames import (EndFrame, Frame, InputAudioRawFrame, InterruptionFrame,  # noqa: E402
-                                   LLMRunFrame)
+from pipecat.frames.frames import (  # noqa: E402
+    EndFrame,
+    Frame,
+    InputAudioRawFrame,
+    InterruptionFrame,
+    LLMMessagesAppendFrame,
+    LLMRunFrame,
+)
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.runner import PipelineRunner  # noqa: E402
 from pipecat.pipeline.task import PipelineTask  # noqa: E402
@@ -42,6 +47,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noq
 
 WIRE = 24000
 TOKEN = "pipecat-test-token"
+RULE = "Answer in one short sentence."
 
 
 @pytest.fixture(scope="module")
@@ -81,9 +87,12 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
     received: list[dict] = []
     parse = pipecat_events.parse_server_event
 
-    def recording_parse(text):              # every server event pipecat reads, raw
+    def recording_parse(text):              # every server event pipecat reads, raw (pipecat's own parser runs)
         received.append(json.loads(text))
         return parse(text)
+
+    def kinds(kind: str) -> list[dict]:
+        return [e for e in received if e["type"] == kind]
 
     monkeypatch.setattr(pipecat_events, "parse_server_event", recording_parse)
     async with serving(config, assistant):
@@ -95,10 +104,17 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
         run = asyncio.create_task(PipelineRunner(handle_sigint=False).run(task))
         try:
             await task.queue_frames([LLMRunFrame()])
-            await wait_until(lambda: down.audio_s() >= 1.0, 120)
-            assert down.audio_s() >= 1.0, "no reply audio from the first turn"
+            await wait_until(lambda: down.audio_s() >= 1.5, 120)
+            assert down.audio_s() >= 1.5, "no reply audio from the first turn"
+            first_audio = next(t for t, n, _ in down.seen if n == "TTSAudioRawFrame")
+            await asyncio.sleep(max(0.0, first_audio + 1.2 - time.monotonic()))  # "played" for 1.2 s (wall clock)
+            session = next(iter(assistant._sessions))
             await task.queue_frames([InterruptionFrame()])     # pipecat sends conversation.item.truncate
-            await asyncio.sleep(1.0)
+            await wait_until(lambda: kinds("conversation.item.truncated"), 30)
+            await wait_until(lambda: kinds("response.done"), 120)
+            # straight into the service (the user aggregator would keep it in its own context)
+            await up.push_frame(LLMMessagesAppendFrame([{"role": "system", "content": RULE}], run_llm=False))
+            await wait_until(lambda: any(m["content"] == RULE for m in session.history), 30)
             mark = len(down.seen)
 
             question = "What is your name?"
@@ -116,6 +132,20 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
     errors = [e["error"] for e in received if e["type"] == "error"]
     assert errors == [], errors                              # any other error code is fatal to pipecat
     assert not up.named("ErrorFrame"), [str(f.error) for f in up.named("ErrorFrame")]
+    # the barge-in: pipecat truncated the first reply's item at what it had played, and the history kept that much
+    first = kinds("response.done")[0]["response"]
+    item_id = first["output"][0]["id"]
+    truncated = kinds("conversation.item.truncated")[0]
+    assert truncated["item_id"] == item_id and truncated["audio_end_ms"] >= 1000
+    full = "".join(e["delta"] for e in kinds("response.output_audio_transcript.delta") if e["item_id"] == item_id)
+    kept = next(m["content"] for m in session.history if m["role"] == "assistant")
+    assert kept and full.startswith(kept) and len(kept.split()) < len(full.split()), (kept, full)
+    assert first["output"][0]["content"][0]["transcript"] == kept   # the item's transcript is what was heard
+    # pipecat's own item ids came back (it tells its items from the model's by them); the system item was taken
+    roles = [m["role"] for m in session.history]
+    assert roles[:4] == ["system", "user", "assistant", "system"], roles
+    # the second, spoken turn was heard and answered aloud
     heard = [f.text for f in up.named("TranscriptionFrame")]
     assert heard and wer(question, heard[-1]) <= 0.34, heard
-    assert down.audio_s(mark) >= 0.5                         # the second turn was answered, aloud
+    assert down.audio_s(mark) >= 0.5
+    assert kinds("response.done")[-1]["response"]["usage"]["output_tokens"] > 0
