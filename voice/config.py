@@ -77,7 +77,8 @@ class STTConfig(_Section):
     language: str | None = "en"
     device: str = "cpu"
     compute_type: str = "int8"
-    beam_size: int = Field(1, ge=1)
+    beam_size: int = Field(1, ge=1, description="beam of every pass that can become the final transcript")
+    partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
 
