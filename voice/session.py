@@ -160,6 +160,8 @@ class Session:
         trace.mark("speech_start", u.speech_start)
         trace.mark("speech_end", u.speech_end)
         trace.mark("endpoint", u.endpoint)
+        trace.extra["end_of_turn"] = {"rule": self.listener.end_of_turn, "reason": u.reason,
+                                      "probability": u.probability}
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
