@@ -175,6 +175,11 @@ class Session:
         self._early = EarlyReply(self.ctx, text, on_adopt=self._count_adopted)
         self.early_replies["started"] += 1
 
+    @property
+    def early_reply(self) -> EarlyReply | None:
+        """The reply started on the pause transcript and not yet adopted or dropped, if any."""
+        return self._early
+
     def _count_adopted(self) -> None:
         self.early_replies["adopted"] += 1
 

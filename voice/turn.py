@@ -338,6 +338,7 @@ class EarlyReply:
         self._on_adopt = on_adopt
         self._adopted = False
         self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
+        self._output = asyncio.Event()  # set at the first emission (or the end): see ``first_output``
         self._task = asyncio.create_task(self._generate(), name="early reply")
 
     @property
@@ -352,6 +353,7 @@ class EarlyReply:
             try:
                 async for emission in stream:
                     self._queue.put_nowait(emission)
+                    self._output.set()
             finally:
                 await stream.aclose()
         except asyncio.CancelledError:
@@ -361,6 +363,14 @@ class EarlyReply:
         finally:
             ctx.generation_lock.release()
             self._queue.put_nowait(None)
+            self._output.set()
+
+    async def first_output(self) -> None:
+        """Until the reply has produced something (or ended): lets an offline driver (a lockstep test) hold
+        the audio back until the early reply is under way, so what it checks does not hang on machine load."""
+        output = asyncio.ensure_future(self._output.wait())
+        await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        output.cancel()
 
     async def discard(self) -> None:
         """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
