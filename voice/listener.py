@@ -1,30 +1,25 @@
 """The ears of one session: VAD -> streaming STT -> end of turn, with the wake word and the echo gate.
 
 One push API for every place audio comes from (the microphone, a websocket, a Wyoming client, ``bench
-speech``), in the spirit of wyoming-faster-whisper's streaming session: ``accept_chunk(pcm)`` returns what
-that audio decided (speech started, a partial transcript, a pause the transcript fully covers, the user
-going on after a pause, an utterance that ended), and ``finish()`` ends the utterance in progress and returns
-its final transcript. The Listener has no thread and no task of its own except the one Whisper pass that may
-be running: partial passes run in the STT worker while audio keeps coming in, and what they produce comes
-out of the next ``accept_chunk`` (or ``finish``).
+speech``): ``accept_chunk(pcm)`` returns what that audio decided (speech started, a partial transcript, a pause
+the transcript fully covers, the user going on after a pause, an utterance that ended), and ``finish()`` ends
+the utterance in progress and returns its final transcript. The Listener has no thread and no task of its own
+except the background work in flight (a Whisper pass in the STT worker, a Smart Turn call in the turn worker):
+what it produces comes out of the next ``accept_chunk`` (or ``finish``).
 
-Three ways a turn ends:
-- ``endpointing=True`` with ``turn.engine = "smart"`` (the default): the semantic end of turn
-  (voice/endpointing.py). After ``turn.min_silence_ms`` of silence Smart Turn judges from the audio whether the
-  user has finished; "complete" ends the turn as soon as the pause's transcript agrees (it does not trail off),
-  else the turn ends after ``turn.max_silence_ms`` of silence. The VAD only tells speech from silence;
-- ``endpointing=True`` with ``turn.engine = "vad"``, or the Smart Turn model missing: the VAD decides, after
-  ``vad.end_silence_ms`` of silence. In both, speech shorter than ``vad.min_speech_ms`` (a cough, a "mhm")
-  never starts at all;
-- ``endpointing=False`` (Wyoming asr, a websocket without turn detection): everything pushed is one
-  utterance until the caller says it is over with ``finish()``.
+Three ways a turn ends (speech shorter than ``vad.min_speech_ms``, a cough, never starts one):
+- ``turn.engine = "smart"`` (the default): the semantic end of turn (voice/endpointing.py). After
+  ``turn.min_silence_ms`` of silence Smart Turn judges from the audio whether the user has finished; "complete"
+  ends the turn as soon as the pause's transcript agrees (it does not trail off), else it ends after
+  ``turn.max_silence_ms`` of silence;
+- ``turn.engine = "vad"``, or the Smart Turn model missing: after ``vad.end_silence_ms`` of silence;
+- ``endpointing=False`` (Wyoming asr, a websocket without turn detection): the caller's ``finish()``.
 
 When the user pauses, a Whisper pass starts at once (``PAUSE_PASS_S``), with the final's beam: if the pause
 becomes the end of the turn, that pass IS the final transcript (``Utterance.final()`` then decodes nothing),
-and its words before the pause are what the semantic end of turn checks. ``PauseHeard`` lets the session start
-an early reply while the end of the turn is still undecided: with the VAD rule as soon as the pause's transcript
-is in; with the semantic end when Smart Turn said "not finished yet" but the words read complete, so the
-reply uses the wait for ``turn.max_silence_ms`` (a "complete" verdict ends the turn at once: nothing to hide).
+and its words before the pause are what the semantic end checks. ``PauseHeard`` lets the session start an
+early reply while the end is undecided: with the VAD rule once the pause's transcript is in; with the semantic
+end when Smart Turn said "not finished yet" but the words read whole (a "complete" ends the turn at once).
 """
 
 from __future__ import annotations
@@ -330,15 +325,14 @@ class Listener:
             self.turn.policy.reset()
 
     async def settle(self) -> None:
-        """Wait until the work running in the background (a Whisper pass, a Smart Turn call) has finished; what
-        it decided comes out of the next ``accept_chunk``. For tests and offline runs that want every answer
-        to arrive at once, as on an infinitely fast machine: the decisions then depend on the audio only."""
+        """Wait for the background work (Whisper pass, Smart Turn call); what it decided comes out of the next
+        ``accept_chunk``. For lockstep runs (tests): the decisions then depend on the audio only."""
         pending = {f for f in (self._pass, self.turn.in_flight if self.turn is not None else None) if f is not None}
         if pending:
             await asyncio.wait(pending)
 
     async def close(self) -> None:
-        """Drop what is in progress; a pass still running in the STT worker is waited for (it cannot be cut)."""
+        """Drop what is in progress; work still running in a worker is waited for (it cannot be cut)."""
         self._stream = None
         if self._pass is not None:
             await asyncio.wait({self._pass})
@@ -383,13 +377,10 @@ class Listener:
             return []
         self._pass = None
         (of_stream, of_pause), self._pass_of = self._pass_of, (None, None)
-        text = None
-        if task.cancelled():
-            pass
-        elif task.exception() is not None:  # the final pass will try again; say why this one failed
+        ok = not task.cancelled() and task.exception() is None
+        if not task.cancelled() and not ok:  # the final pass will try again; say why this one failed
             log.warning("partial transcription failed", extra={"error": repr(task.exception())})
-        else:
-            text = task.result()
+        text = task.result() if ok else None
         events: list[ListenEvent] = []
         stream = self._stream
         if stream is None or stream is not of_stream:
@@ -399,7 +390,7 @@ class Listener:
             events.append(TranscriptPartial(text, stream.committed))
         pause = self.vad.pause_since if self.vad is not None else None
         if self.turn is not None:
-            if of_pause is not None and of_pause == pause and not task.cancelled() and task.exception() is None:
+            if ok and of_pause is not None and of_pause == pause:
                 # the pass that started in this pause saw every word before it: the semantic end's transcript
                 self.turn.transcript(stream.text_before(stream.elapsed - (self._end_t - pause)))
         elif pause is not None and not self._paused_heard and stream.nothing_new() and stream.text:
