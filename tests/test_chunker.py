@@ -25,6 +25,12 @@ def tokens(text):
     return re.findall(r"\S+\s*|\s+", text)
 
 
+def split_at(text, cuts):
+    """``text`` in pieces, cut at the given positions (modulo its length)."""
+    bounds = sorted({c % (len(text) + 1) for c in cuts})
+    return [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)], strict=True)]
+
+
 def words_of(text):
     return text.split()
 
@@ -86,8 +92,7 @@ texts = st.lists(alphabet, max_size=80).map("".join)
        first=st.integers(min_value=1, max_value=20), max_words=st.integers(min_value=4, max_value=12),
        first_words=st.integers(min_value=0, max_value=6))
 def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, first, max_words, first_words):
-    bounds = sorted({c % (len(text) + 1) for c in cuts})
-    pieces = [text[a:b] for a, b in zip([0, *bounds], [*bounds, len(text)])]
+    pieces = split_at(text, cuts)
     kw = dict(first_fragment_chars=first, max_fragment_words=max_words, first_fragment_words=first_words)
     whole = run([text], **kw)
     split = run(pieces, **kw)
@@ -106,3 +111,23 @@ def test_first_fragment_needs_no_punctuation_when_words_are_enough():
 def test_word_cut_of_the_first_fragment_never_follows_a_number():
     got = run(tokens("About 21 million people live there."), first_fragment_chars=5, first_fragment_words=2)
     assert got[0] == "About 21 million"
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.lists(st.sampled_from(list("ab ") + [".", ",", ")", "\n", "e.g."]), max_size=120).map("".join),
+       cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=30),
+       max_chars=st.integers(min_value=14, max_value=40))
+def test_character_cap_holds_however_the_text_is_split(text, cuts, max_chars):
+    """A client may send text without spaces, one character at a time: fragments stay under the cap (piper's
+    memory grows with its input) and the same, and no character is lost or duplicated."""
+    pieces = split_at(text, cuts)
+    whole = run([text], max_fragment_chars=max_chars)
+    assert run(pieces, max_fragment_chars=max_chars) == whole
+    assert run(list(text), max_fragment_chars=max_chars) == whole
+    assert all(len(f) <= max_chars for f in whole)
+    assert "".join(whole).replace(" ", "").replace("\n", "") == text.replace(" ", "").replace("\n", "")
+
+
+def test_a_long_word_is_cut_at_the_cap_and_a_long_line_at_its_last_space():
+    assert run(["x" * 25], max_fragment_chars=14) == ["x" * 14, "x" * 11]
+    assert run(["aaaa bbbb cccc dddd"], max_fragment_chars=14, max_fragment_words=30) == ["aaaa bbbb", "cccc dddd"]

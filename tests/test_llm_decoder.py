@@ -11,9 +11,11 @@ import pytest
 import torch
 from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 
+from llm.cache import CachedLM, common_prefix
 from llm.engine import DecodeSettings, Engine
-from llm.speculative import (CachedLM, common_prefix, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer,
-                             SamplingParams, verify)
+from llm.policy import DraftLengthPolicy
+from llm.proposers import DraftModelProposer, NgramProposer
+from llm.speculative import Generation, SamplingParams, verify
 
 GREEDY = SamplingParams()
 

@@ -7,7 +7,7 @@ import asyncio
 import copy
 
 import pytest
-from conftest_llm import smollm_fp32
+from conftest_llm import smollm_engine, smollm_fp32
 
 from llm.engine import ContextLimitError, DecodeSettings, Engine
 from llm.models import IncompatibleDraftError, ModelLoadError, load_causal_lm
@@ -19,8 +19,7 @@ SETTINGS = DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=20)
 
 @pytest.fixture(scope="module")
 def engine():
-    model, tok = smollm_fp32()
-    return Engine(model, tok, None, mode="ngram", context_limit=512, settings=SETTINGS)
+    return smollm_engine(SETTINGS)
 
 
 async def collect(conv, text, settings=SETTINGS):

@@ -13,9 +13,12 @@ import pytest
 import torch
 from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
 
+from llm.cache import CachedLM
 from llm.engine import DecodeSettings, Engine
+from llm.policy import DraftLengthPolicy
+from llm.proposers import DraftModelProposer, NgramProposer
 from llm.sampling import probabilities
-from llm.speculative import CachedLM, DraftLengthPolicy, DraftModelProposer, Generation, NgramProposer, SamplingParams
+from llm.speculative import Generation, SamplingParams
 
 VOCAB = 5
 PROMPT = [1, 2, 1, 2, 1]

@@ -13,9 +13,12 @@ import torch
 from conftest_llm import chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 from test_llm_sampling import PROMPT, VOCAB, chi_square_p, exact
 
+from llm.cache import CachedLM
 from llm.engine import DecodeSettings, _stop_ids
-from llm.speculative import (CachedLM, DraftLengthPolicy, DraftModelProposer, Generation, Proposal, SamplingParams,
-                             tree_shape, verify_tree)
+from llm.policy import DraftLengthPolicy
+from llm.proposers import DraftModelProposer, Proposal
+from llm.speculative import Generation, SamplingParams
+from llm.tree import tree_shape, verify_tree
 
 GREEDY = SamplingParams()
 

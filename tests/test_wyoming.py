@@ -1,33 +1,37 @@
 """The Wyoming server with the `wyoming` package's own client, on the small real models: describe, streaming
-transcription of a generated WAV, synthesis (plain and streaming) that transcribes back, the handle service,
-and bad input on the raw protocol."""
+transcription of a generated WAV, synthesis (plain and streaming) that transcribes back, the handle service
+(with Home Assistant's conversation ids remembered across connections), failed turns reported as failures,
+and bad input on the raw protocol (broken headers, stalled events, a client that stops reading)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import subprocess
 import time
+import urllib.request
 import wave
 
 import numpy as np
 import pytest
-from serving import serving
-from broker import free_port
 from wyoming.asr import Transcribe, Transcript
 from wyoming.audio import AudioChunk, AudioStart, AudioStop, wav_to_chunks
 from wyoming.client import AsyncTcpClient
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_read_event, async_write_event
 from wyoming.handle import Handled
 from wyoming.info import Describe, Info
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop
 
 from audio.resample import resample
 from voice.assistant import Assistant
-from voice.speechset import wer
 from voice.config import ConfigError
+from voice.speechset import wer
 from voice.transports.wyoming import Gate
+
+from broker import free_port
+from serving import serving
 
 # long enough (about 9 s) for several partial passes while it streams, even on a busy CPU
 SENTENCE = ("The quick brown fox jumps over the lazy dog near the quiet river bank. "
@@ -238,3 +242,144 @@ async def test_client_gone_mid_request_leaks_no_session(assistant):
         async with asyncio.timeout(30):
             while len(assistant._sessions) > baseline:
                 await asyncio.sleep(0.05)
+
+
+async def handle(port: int, text: str, conversation_id: str | None = None) -> list[Event]:
+    """One handle request on its own connection, as Home Assistant sends it."""
+    context = {"conversation_id": conversation_id} if conversation_id else None
+    async with AsyncTcpClient("127.0.0.1", port) as client:
+        await client.write_event(Transcript(text, context=context).event())
+        return await read_until(client, "handled-stop")
+
+
+def histories_with(assistant, words: str) -> list[list[dict]]:
+    """The histories of the open sessions that contain ``words`` in a user message."""
+    return [s.history for s in assistant._sessions
+            if any(m["role"] == "user" and words in m["content"] for m in s.history)]
+
+
+async def test_a_conversation_id_keeps_its_history_across_connections(assistant):
+    async with running(make_config(assistant), assistant) as port:
+        await handle(port, "My name is Ada.", "conversation-1")
+        same = await handle(port, "What is my name? Answer with just my name.", "conversation-1")
+        other = await handle(port, "What is my name? Answer with just my name.", "conversation-2")
+        [history] = histories_with(assistant, "My name is Ada.")
+        assert [m["role"] for m in history[-4:]] == ["user", "assistant", "user", "assistant"]
+        assert "What is my name?" in history[-2]["content"]   # the second turn saw the first
+        assert len(histories_with(assistant, "What is my name?")) == 2   # the other id: a history of its own
+        remembered, forgot = Handled.from_event(same[-2]), Handled.from_event(other[-2])
+        assert remembered.context == {"conversation_id": "conversation-1"}
+        assert "Ada" in remembered.text and "Ada" not in forgot.text, (remembered.text, forgot.text)
+    assert not histories_with(assistant, "My name is Ada.")   # closed with the server
+
+
+async def test_conversations_are_bounded_in_count_and_age(assistant):
+    config = make_config(assistant, wyoming__max_conversations=2, wyoming__conversation_idle_s=1.0)
+    async with running(config, assistant) as port:
+        for n in (1, 2, 3):
+            await handle(port, f"Remember the number {n}.", f"c{n}")
+        remembered = [n for n in (1, 2, 3) if histories_with(assistant, f"the number {n}.")]
+        assert remembered == [2, 3]   # the least recently used one made room
+        await asyncio.sleep(1.5)       # longer than conversation_idle_s
+        await handle(port, "Remember the number 4.", "c4")
+        assert [n for n in (1, 2, 3, 4) if histories_with(assistant, f"the number {n}.")] == [4]
+
+
+@pytest.fixture
+def turns_time_out(assistant):
+    """Every new session's turns time out at once (dialog.turn_timeout_s, read when a session is made): a real
+    failure of the real pipeline."""
+    saved = assistant.config.dialog.turn_timeout_s
+    assistant.config.dialog.turn_timeout_s = 0.001
+    yield
+    assistant.config.dialog.turn_timeout_s = saved
+
+
+async def test_a_failed_turn_is_reported_as_a_failure(assistant, turns_time_out):
+    async with running(make_config(assistant), assistant) as port:
+        events = await handle(port, "What is the capital of France?")
+        kinds = [e.type for e in events]
+        assert "handled" not in kinds and kinds[-2:] == ["not-handled", "handled-stop"], kinds
+        error = Error.from_event(next(e for e in events if e.type == "error"))
+        assert error.code == "turn_failed" and "timeout" in error.text
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Synthesize("The kitchen light is now on.").event())
+            events = await read_until(client, "audio-stop")
+        error = Error.from_event(next(e for e in events if e.type == "error"))
+        assert error.code == "tts_failed" and "timeout" in error.text
+
+
+async def raw_exchange(port: int, data: bytes, timeout: float = 30.0) -> list[Event]:
+    """Send raw bytes, then read events (with the wyoming package's reader) until the server closes."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(data)
+    await writer.drain()
+    out = []
+    async with asyncio.timeout(timeout):
+        while (event := await async_read_event(reader)) is not None:
+            out.append(event)
+    writer.close()
+    return out
+
+
+@pytest.mark.parametrize("line, problem", [
+    (b"[1]\n", "must be a JSON object"),
+    (b'{"type": 5}\n', '"type" string'),
+    (b'{"type": "describe", "data_length": "x"}\n', '"data_length" must be a whole number'),
+    (b'{"type": "describe", "payload_length": -1}\n', '"payload_length" must be a whole number'),
+    (b"[" * 100000 + b"\n", "too long"),
+    (b"[" * 5000 + b"\n", "not valid UTF-8 JSON"),
+    (b'{"type": "describe", "data_length": 3}\n[1]', "must be a JSON object"),
+    (b'{"type": "describe", "data": "text"}\n', '"data" in the header'),
+    (b"\xff\xfe\n", "not valid UTF-8 JSON"),
+])
+async def test_a_broken_header_gets_an_error_and_the_connection_closes(assistant, line, problem):
+    async with running(make_config(assistant), assistant) as port:
+        events = await raw_exchange(port, line)
+        assert [e.type for e in events] == ["error"]
+        error = Error.from_event(events[0])
+        assert error.code in ("bad_header", "message_too_big") and problem in error.text, error
+        async with AsyncTcpClient("127.0.0.1", port) as client:   # the server goes on
+            await client.write_event(Describe().event())
+            assert (await read_until(client, "info"))[-1].type == "info"
+
+
+async def test_an_event_that_stops_arriving_is_cut_off(assistant):
+    config = make_config(assistant, wyoming__read_timeout_s=0.5)
+    async with running(config, assistant) as port:
+        chunk = b'{"type": "audio-chunk", "data": {"rate": 16000, "width": 2, "channels": 1}, "payload_length": 640}\n'
+        data = b'{"type": "synthesize", "data_length": 40}\n{"text": '
+        for partial in (chunk + b"\0" * 100, data, b'{"type": "desc'):   # inside the payload, the data, the header
+            events = await raw_exchange(port, partial)
+            error = Error.from_event(events[-1])
+            assert error.code == "read_timeout" and "wyoming.read_timeout_s" in error.text
+
+
+async def test_a_client_that_stops_reading_is_dropped(assistant):
+    config = make_config(assistant, wyoming__write_timeout_s=1.0)
+    async with running(config, assistant) as port:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # fills after a few audio chunks
+        sock.connect(("127.0.0.1", port))
+        reader, writer = await asyncio.open_connection(sock=sock)
+        await async_write_event(Synthesize("The quick brown fox jumps over the lazy dog. " * 40).event(), writer)
+        async with asyncio.timeout(60):   # read nothing for longer than write_timeout_s: the slot comes back
+            while "wyoming\"} 0.0" not in await asyncio.to_thread(sessions_gauge, config.server.port):
+                await asyncio.sleep(0.2)
+        kinds = []
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):   # the server aborted it
+            async with asyncio.timeout(30):
+                while (event := await async_read_event(reader)) is not None:
+                    kinds.append(event.type)
+        writer.close()
+        assert "audio-stop" not in kinds   # cut off, not finished
+        async with AsyncTcpClient("127.0.0.1", port) as client:
+            await client.write_event(Describe().event())
+            assert (await read_until(client, "info"))[-1].type == "info"
+
+
+def sessions_gauge(port: int) -> str:
+    """The specvoice_sessions lines of /metrics."""
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
+        return "\n".join(line for line in response.read().decode().splitlines()
+                         if line.startswith("specvoice_sessions{"))

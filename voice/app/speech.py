@@ -71,6 +71,7 @@ async def speak(config, text: str, out: str | None) -> dict[str, float]:
     from voice.tts import TextToSpeech
 
     tts = TextToSpeech(resolve(config.models.tts, "tts", config.models.cache_dir), config.tts)
+    sink: WavSink | SpeakerSink
     if out:
         sink = WavSink(out, tts.sample_rate, realtime=False)
     else:

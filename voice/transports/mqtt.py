@@ -3,25 +3,34 @@
 Topics (``<p>`` = ``mqtt.prefix``; every message QoS 1):
 
     in   <p>/say        text to speak now (plain text, or {"text": ...})
-         <p>/ask        a question: plain text, or {"text": ..., "id": ..., "speak": true}
+         <p>/ask        a question: plain text, or {"text", "id", "speak", "conversation_id"}
          <p>/cancel     stop the speech or reply in progress (any payload)
          <mqtt.events>  configured triggers: topic (wildcards allowed) -> sentence template, filled from the
                         payload's JSON fields, {payload} (the raw text) and {topic}
          homeassistant/status  "online": Home Assistant restarted, so the discovery configs are sent again
+                        (at most once per 30 s: any client can publish there)
     out  <p>/availability  online / offline (retained; "offline" is also the last will)
          <p>/state         idle / listening / thinking / speaking (retained)
-         <p>/transcript    the last final transcript (retained)
-         <p>/reply         the last reply (retained)
-         <p>/latency       {"ms", "stage", "over_budget", ...} of the last spoken turn (retained)
+         <p>/transcript    {"text", "session"}: the last final transcript
+         <p>/reply         {"text", "session", "turn_id", "interrupted"}: the last reply
+         <p>/latency       {"ms", "stage", "acceptance_pct", "over_budget", ...} of the last turn (retained)
          <p>/turn          every finished turn: transcript, reply, interrupted, full latency trace
-         <p>/answer        the answer to an ask: {"id", "question", "reply", ...}
+         <p>/answer        the answer to an ask: {"id", "question", "reply", "conversation_id", ...}
          <p>/spoken        a say or an event announcement was spoken: {"text", "source", "audio_s"}
+         <p>/event         {"event_type": "wake_word" | "turn_end", ...} (a Home Assistant event entity)
          <p>/action        a home action that was published: {"topic", "payload", "session"}
-         <p>/error         what went wrong and how to fix it: bad payloads, refused actions, failed turns
+         <p>/error         what went wrong and how to fix it: bad payloads, refused actions, a full queue
 
-Why a persistent session (``clean_session=False`` and a fixed client id): the broker keeps our subscriptions
-and queues QoS 1 commands while we are away (a broker restart, a network blip), so none is lost. Our own
-messages wait in an outbox that survives reconnections and leave it only once the broker acknowledged them.
+Whose turns are published (``mqtt.publish_turns``): by default only the MQTT-originated ones and the local
+device's (``specvoice run``); a websocket or Wyoming client's words never reach the broker. Transcripts and
+replies are not retained unless ``mqtt.retain_results``. Each ``conversation_id`` of ``ask`` has its own
+conversation; an ask without one starts afresh, so no asker reads another's history.
+
+Why a persistent session (``clean_session=False``, a client id per host): the broker keeps our subscriptions
+and queues QoS 1 commands while we are away, so none is lost. Retained messages on command topics are ignored:
+the broker would replay them at every reconnect (yesterday's ``say`` spoken again). Our own messages wait in a
+bounded outbox (voice/transports/mqtt_outbox.py) and leave it once the broker acknowledged them; a message over
+the broker's packet size (``mqtt.max_packet_bytes``, or one that made the broker drop us twice) is skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +40,6 @@ import contextlib
 import json
 import logging
 import time
-from collections import deque
 from pathlib import Path
 from typing import Any
 
@@ -39,58 +47,81 @@ import aiomqtt
 
 from voice.actions import check_allowed
 from voice.config import Config
-from voice.events import (ActionRequested, Event, ReplyAudio, State, StateChanged, TranscriptFinal, TurnDone,
-                          TurnError)
-from voice.transports.mqtt_payloads import (Command, Outgoing, PayloadError, Topics, decode_payload,
-                                            parse_text_command, render_event, template_fields)
+from voice.events import ActionRequested, Event, State, StateChanged, TranscriptFinal, TurnDone, TurnError
+from voice.transports.common import package_version
+from voice.transports.mqtt_commands import CommandRunner
+from voice.transports.mqtt_discovery import discovery_messages
+from voice.transports.mqtt_outbox import Outbox, QuietLog, TokenBucket
+from voice.transports.mqtt_payloads import (
+    Command,
+    Outgoing,
+    PayloadError,
+    Priority,
+    Topics,
+    decode_payload,
+    parse_ask,
+    parse_text_command,
+    render_event,
+    template_fields,
+)
 
 log = logging.getLogger("specvoice.mqtt")
 
 PUBLISH_TIMEOUT_S = 10.0
-OUTBOX_LIMIT = 1000  # while the broker is away; beyond this the oldest messages are dropped (and logged)
-HA_TEXT_MAX = 255  # Home Assistant sensor states and text entities hold at most 255 characters
+OUTBOX_LIMIT = 1000  # results and telemetry waiting while the broker is away (control messages never pile up)
 
-
-# ---- the bridge ---------------------------------------------------------------------------------------------------
 
 class MqttBridge:
-    """Runs until cancelled: connects, serves, and reconnects with exponential backoff when the link drops."""
+    """Runs until cancelled: connects, serves, and reconnects with exponential backoff when the link drops.
+
+    ``sink``: where MQTT-triggered speech plays (a lane of the home device's speaker); None: nowhere.
+    ``add_local(session)``: the local device's session, whose turns are published and which ``cancel`` stops."""
+
+    rediscovery_interval_s = 30.0
 
     def __init__(self, config: Config, assistant, *, sink=None) -> None:
         self.config = config
-        self.cfg = config.mqtt
+        self.cfg = cfg = config.mqtt
         self.assistant = assistant
-        self.sink = sink  # where MQTT-triggered speech is played (the speaker in desktop serve); None: nowhere
-        self.prefix = self.cfg.prefix.rstrip("/")
+        self.sink = sink
+        self.prefix = cfg.prefix.rstrip("/")
         self.topics = Topics.under(self.prefix)
-        self.allowed = {topic: list(payloads) for topic, payloads in self.cfg.allowed_actions.items()}
+        self.allowed = {topic: list(payloads) for topic, payloads in cfg.allowed_actions.items()}
         check_allowed(self.allowed)
         for topic in self.allowed:
-            if topic.startswith((self.prefix + "/", self.cfg.discovery_prefix + "/")):
+            if topic.startswith((self.prefix + "/", cfg.discovery_prefix + "/")):
                 raise ValueError(f"mqtt.allowed_actions[{topic!r}] would let the model command the assistant or "
                                  "Home Assistant discovery itself; fix: allow only device command topics")
-        for topic, template in self.cfg.events.items():
+        for topic, template in cfg.events.items():
             try:
                 template_fields(template)
             except ValueError as exc:
-                raise ValueError(f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template "
-                                 f"({exc}); fix: write fields as {{name}} and a literal brace as {{{{ or }}}}")
+                raise ValueError(f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template ({exc}); "
+                                 "fix: write fields as {name} and a literal brace as {{ or }}") from None
         for key in ("ca_file", "cert_file", "key_file"):
-            path = getattr(self.cfg, key)
-            if self.cfg.tls and path and not Path(path).expanduser().is_file():
+            path = getattr(cfg, key)
+            if cfg.tls and path and not Path(path).expanduser().is_file():
                 raise ValueError(f"mqtt.{key} = {path!r} does not exist; fix: point it at a PEM file readable by "
                                  "the service (or unset it)")
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
-        self._outbox: deque[Outgoing] = deque(maxlen=OUTBOX_LIMIT)
-        self._outbox_changed = asyncio.Event()
-        self._commands: asyncio.Queue[Command] = asyncio.Queue()
-        self._session = None
-        self._current: asyncio.Task | None = None
-        self._current_kind = ""
-        self._audio_samples = 0
+        self.outbox = Outbox(OUTBOX_LIMIT)
+        self._stopping = False  # a clean stop: the publisher ends after the message in flight
+        self.skipped = 0  # messages too big for the broker
+        self.commands = CommandRunner(self)
+        self._published: set[str] = set()  # session ids whose turns go out (publish_turns = "local")
         self._state = State.IDLE
-        self._tasks: set[asyncio.Task] = set()  # fire-and-forget tasks, kept alive until done
+        self._in_flight: Outgoing | None = None
+        self._suspect: Outgoing | None = None  # was in flight when the broker dropped us
+        self._last_discovery = float("-inf")
+        self._discovery_timer: asyncio.TimerHandle | None = None
+        self._errors = TokenBucket(rate=2.0, burst=20.0)  # error reports per topic
+        self._quiet = QuietLog(log)
+
+    def add_local(self, session) -> None:
+        """The local device's conversation (``specvoice run``): published, and stopped by ``<p>/cancel``."""
+        self.commands.local.append(session)
+        self._published.add(session.id)
 
     # ---- connection ------------------------------------------------------------------------------------------
 
@@ -106,8 +137,7 @@ class MqttBridge:
 
     async def run(self) -> None:
         self.assistant.add_listener(self._on_event)
-        self._session = self.assistant.session(self._on_session_event, sink=self.sink, name="mqtt")
-        worker = asyncio.create_task(self._work(), name="mqtt commands")
+        worker = self.commands.start(self._new_session)
         delay = self.cfg.reconnect_min_s
         try:
             while True:
@@ -120,36 +150,44 @@ class MqttBridge:
                     self.last_error = _explain(exc, self.cfg)
                 finally:
                     self.connected.clear()
+                    self._lost_in_flight()
                 if was_connected:
                     delay = self.cfg.reconnect_min_s
-                log.warning("mqtt connection lost or refused; retrying",
-                            extra={"error": self.last_error, "retry_in_s": delay, "broker": self._where()})
+                self._quiet.warning("connection", "mqtt connection lost or refused; retrying",
+                                    error=self.last_error, retry_in_s=delay, broker=self._where())
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.cfg.reconnect_max_s)
         finally:
             self.assistant.remove_listener(self._on_event)
+            if self._discovery_timer is not None:
+                self._discovery_timer.cancel()
             worker.cancel()
             await asyncio.gather(worker, return_exceptions=True)
-            await self._session.close()
+            await self.commands.close()
 
     async def _serve(self, client: aiomqtt.Client) -> None:
+        await self._on_connected(client)
+        self._stopping = False
+        reader = asyncio.create_task(self._read(client))
+        publisher = asyncio.create_task(self._publish_outbox(client))
         try:
-            await self._on_connected(client)
-            reader = asyncio.create_task(self._read(client))
-            publisher = asyncio.create_task(self._publish_outbox(client))
-            try:
-                done, _ = await asyncio.wait({reader, publisher}, return_when=asyncio.FIRST_COMPLETED)
-                for task in done:
-                    task.result()  # raises the MqttError that ended it
-            finally:
-                for task in (reader, publisher):
-                    task.cancel()
-                await asyncio.gather(reader, publisher, return_exceptions=True)
+            done, _ = await asyncio.wait({reader, publisher}, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                task.result()  # raises the MqttError that ended it
         except asyncio.CancelledError:
-            # a clean stop: say so ourselves (a graceful disconnect does not fire the last will)
+            # a clean stop. A publish still waiting for its acknowledgement gets it first (cancelled mid-flight,
+            # aiomqtt's disconnect would wait for the broker forever); then "offline", said by us (a graceful
+            # disconnect does not fire the last will)
+            self._stopping = True
+            self.outbox.changed.set()
+            await asyncio.wait({publisher}, timeout=PUBLISH_TIMEOUT_S)
             with contextlib.suppress(aiomqtt.MqttError):
                 await client.publish(self.topics.availability, "offline", qos=1, retain=True, timeout=2)
             raise
+        finally:
+            for task in (reader, publisher):
+                task.cancel()
+            await asyncio.gather(reader, publisher, return_exceptions=True)
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
         t = self.topics
@@ -157,14 +195,16 @@ class MqttBridge:
         if self.cfg.discovery:
             subscriptions.append(f"{self.cfg.discovery_prefix}/status")
         granted = await client.subscribe([(topic, 1) for topic in subscriptions])
-        refused = [topic for topic, code in zip(subscriptions, granted) if int(getattr(code, "value", code)) >= 0x80]
+        codes = [code if isinstance(code, int) else int(code.value) for code in granted]
+        refused = [topic for topic, code in zip(subscriptions, codes, strict=False) if code >= 0x80]
         if refused:  # e.g. a broker ACL: the bridge still runs, but those triggers will never arrive
             self.last_error = f"the broker refused subscriptions to {refused}; fix: allow them in its ACL"
             log.error("mqtt subscriptions refused", extra={"topics": refused})
-        for message in [Outgoing(t.availability, "online", True), *self._discovery(),
-                        Outgoing(t.state, self._state.value, True)]:
-            await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
-        self.connected.set()
+        # through the outbox like everything else: ahead of results, and a config too big for the broker is
+        # skipped instead of making the bridge reconnect forever
+        for message in [Outgoing(t.availability, "online", True, Priority.CONTROL), *self._discovery(),
+                        Outgoing(t.state, self._state.value, True, Priority.CONTROL)]:
+            self.outbox.put(message)
         if not refused:
             self.last_error = None
         log.info("mqtt connected", extra={"broker": self._where(), "client_id": self.cfg.client_id,
@@ -177,33 +217,63 @@ class MqttBridge:
                 self._dispatch(message)
             except PayloadError as exc:
                 self._error("payload", str(exc), topic=topic)
-                log.warning("bad mqtt payload", extra={"topic": topic, "error": str(exc)})
+                self._quiet.warning(f"payload {topic}", "bad mqtt payload", topic=topic, error=str(exc))
             except Exception as exc:  # a bug must cost one message, not the bridge
                 log.exception("mqtt message handling failed", extra={"topic": topic})
                 self._error("internal", f"{type(exc).__name__}: {exc}", topic=topic)
 
     async def _publish_outbox(self, client: aiomqtt.Client) -> None:
-        """Oldest first; a message leaves the outbox only when the broker has acknowledged it."""
+        """Control, then results, then telemetry; a message leaves once the broker has acknowledged it."""
         while True:
-            if not self._outbox:
-                self._outbox_changed.clear()
-                await self._outbox_changed.wait()
+            if not self.connected.is_set() and not self.outbox.waiting(Priority.CONTROL):
+                self.connected.set()  # connected and announced: availability, discovery and state are out
+            message = await self.outbox.wait()
+            if self._stopping:
+                return
+            if message is None:
                 continue
-            message = self._outbox[0]
+            if message.packet_bytes > self.cfg.max_packet_bytes:
+                self._skip(message, f"{message.packet_bytes} bytes is over mqtt.max_packet_bytes "
+                                    f"({self.cfg.max_packet_bytes})")
+                continue
+            self._in_flight = message
             await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
-            if self._outbox and self._outbox[0] is message:  # (a full outbox may have dropped it meanwhile)
-                self._outbox.popleft()
+            self._in_flight = None
+            if self._suspect is message:
+                self._suspect = None
+            self.outbox.done(message)
 
-    def _send(self, topic: str, payload: str | dict, retain: bool = False) -> None:
+    def _lost_in_flight(self) -> None:
+        """The connection dropped while a message was in flight. Twice for the same message: the broker refuses
+        it (over its max_packet_size, which MQTT 3.1.1 cannot tell us): skip it rather than loop forever."""
+        lost, self._in_flight = self._in_flight, None
+        if lost is not None and lost is self._suspect:
+            self._suspect = None
+            self._skip(lost, "the broker closed the connection twice while it was being sent (over the broker's "
+                             "max_packet_size?)")
+        elif lost is not None:
+            self._suspect = lost
+
+    def _skip(self, message: Outgoing, why: str) -> None:
+        self.outbox.done(message)
+        self.skipped += 1
+        log.warning("mqtt message skipped", extra={"topic": message.topic, "bytes": message.packet_bytes,
+                                                   "reason": why + "; fix: raise the broker's max_packet_size"})
+
+    def _send(self, topic: str, payload: str | dict, retain: bool = False,
+              priority: Priority = Priority.RESULT) -> None:
         if isinstance(payload, dict):
             payload = json.dumps(payload, default=str)
-        if len(self._outbox) == OUTBOX_LIMIT:
-            log.warning("mqtt outbox full: dropping the oldest message", extra={"topic": self._outbox[0].topic})
-        self._outbox.append(Outgoing(topic, payload, retain))
-        self._outbox_changed.set()
+        dropped = self.outbox.put(Outgoing(topic, payload, retain, priority))
+        if dropped is not None:
+            self._quiet.warning("outbox", "mqtt outbox full: dropped a message", topic=dropped.topic,
+                                dropped_total=self.outbox.dropped)
 
     def _error(self, kind: str, message: str, **details: Any) -> None:
-        self._send(self.topics.error, {"kind": kind, "error": message, **details, "t": round(time.time(), 3)})
+        """Report on <p>/error, at most 20 at once and 2 a second per topic: a flood earns no flood."""
+        if self._errors.allow(str(details.get("topic", kind))):
+            self._send(self.topics.error, {"kind": kind, "error": message, **details, "t": round(time.time(), 3)},
+                       priority=Priority.TELEMETRY)
 
     def _where(self) -> str:
         return f"{'mqtts' if self.cfg.tls else 'mqtt'}://{self.cfg.host}:{self.cfg.port}"
@@ -213,128 +283,100 @@ class MqttBridge:
     def _discovery(self) -> list[Outgoing]:
         if not self.cfg.discovery:
             return []
-        t, node = self.topics, self.cfg.node_id
-        device = {"identifiers": [f"specvoice_{node}"], "name": f"specvoice {node}", "manufacturer": "specvoice",
-                  "model": "local voice assistant"}
-        common = {"availability_topic": t.availability, "payload_available": "online",
-                  "payload_not_available": "offline", "device": device}
-        short = f"{{{{ value[:{HA_TEXT_MAX}] }}}}"
-        entities = {
-            ("sensor", "state"): {"name": "State", "state_topic": t.state, "device_class": "enum",
-                                  "options": [s.value for s in State], "icon": "mdi:account-voice"},
-            ("sensor", "transcript"): {"name": "Last transcript", "state_topic": t.transcript,
-                                       "value_template": short, "icon": "mdi:microphone-message"},
-            ("sensor", "reply"): {"name": "Last reply", "state_topic": t.reply, "value_template": short,
-                                  "icon": "mdi:message-reply-text"},
-            ("sensor", "latency"): {"name": "Response latency", "state_topic": t.latency,
-                                    "value_template": "{{ value_json.ms }}", "json_attributes_topic": t.latency,
-                                    "unit_of_measurement": "ms", "device_class": "duration",
-                                    "state_class": "measurement", "icon": "mdi:timer-outline"},
-            ("text", "say"): {"name": "Say", "command_topic": t.say, "mode": "text", "max": HA_TEXT_MAX,
-                              "icon": "mdi:bullhorn"},
-            ("text", "ask"): {"name": "Ask", "command_topic": t.ask, "mode": "text", "max": HA_TEXT_MAX,
-                              "icon": "mdi:chat-question"},
-            ("button", "stop"): {"name": "Stop", "command_topic": t.cancel, "payload_press": "PRESS",
-                                 "icon": "mdi:stop"},
-        }
-        out = []
-        for (component, object_id), config in entities.items():
-            body = {**config, **common, "unique_id": f"specvoice_{node}_{object_id}", "qos": 1}
-            topic = f"{self.cfg.discovery_prefix}/{component}/{node}/{object_id}/config"
-            out.append(Outgoing(topic, json.dumps(body), retain=True))
-        return out
+        return discovery_messages(self.topics, self.cfg.node_id, self.cfg.discovery_prefix, package_version())
+
+    def _rediscover(self) -> None:
+        """Home Assistant (or anyone) said it came online: the configs again, at most once per interval."""
+        now = time.monotonic()
+        wait = self._last_discovery + self.rediscovery_interval_s - now
+        if wait <= 0:
+            self._last_discovery = now
+            for message in self._discovery():
+                self.outbox.put(message)
+            log.info("home assistant came online: discovery sent again")
+        elif self._discovery_timer is None:
+            def later() -> None:
+                self._discovery_timer = None
+                self._rediscover()
+
+            self._discovery_timer = asyncio.get_running_loop().call_later(wait, later)
 
     # ---- commands in -----------------------------------------------------------------------------------------
 
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic, t = message.topic.value, self.topics
+        if message.retain:
+            # a retained command would be replayed at every (re)connection: never act on one
+            self._quiet.warning(f"retained {topic}", "ignored a retained message on a command topic; fix: publish "
+                                "commands without the retain flag (and clear it: an empty retained message)",
+                                topic=topic)
+            return
         if topic == t.say:
-            data = parse_text_command(message.payload, fields={})
-            self._commands.put_nowait(Command("say", data["text"], topic))
+            self.commands.enqueue(Command("say", parse_text_command(message.payload, fields={})["text"], topic))
         elif topic == t.ask:
-            data = parse_text_command(message.payload, fields={"id": (str, int), "speak": bool})
-            self._commands.put_nowait(Command("ask", data["text"], topic, data.get("id"), data.get("speak", True)))
+            command = parse_ask(message.payload)
+            command.source = topic
+            self.commands.enqueue(command)
         elif topic == t.cancel:
-            task = asyncio.create_task(self._cancel())
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self.commands.cancel_soon(local=True)
         elif topic == f"{self.cfg.discovery_prefix}/status":
             if decode_payload(message.payload).strip() == "online":
-                for item in self._discovery():
-                    self._send(item.topic, item.payload, item.retain)
-                log.info("home assistant came online: discovery sent again")
+                self._rediscover()
         else:
             for pattern, template in self.cfg.events.items():
                 if message.topic.matches(pattern):
-                    sentence = render_event(template, topic, message.payload)
-                    self._commands.put_nowait(Command("say", sentence, topic))
+                    self.commands.enqueue(Command("say", render_event(template, topic, message.payload), topic))
                     return
 
-    async def _cancel(self) -> None:
-        if self._current is not None and not self._current.done() and self._current_kind == "say":
-            self._current.cancel()
-        await self._session.cancel()
-
-    async def _work(self) -> None:
-        """One command at a time, in arrival order, on the bridge's own session."""
-        while True:
-            command = await self._commands.get()
-            self._current_kind = command.kind
-            self._current = asyncio.create_task(self._run(command))
-            try:
-                await asyncio.shield(self._current)
-            except asyncio.CancelledError:
-                if not self._current.cancelled():  # the bridge itself is stopping
-                    self._current.cancel()
-                    raise
-            except Exception as exc:
-                log.exception("mqtt command failed", extra={"kind": command.kind})
-                self._error("command", f"{command.kind} failed: {type(exc).__name__}: {exc}", topic=command.source)
-
-    async def _run(self, command: Command) -> None:
-        self._audio_samples = 0
-        rate = self.assistant.tts_sample_rate
-        if command.kind == "say":
-            interrupted = False
-            try:
-                await self._session.say(command.text)
-            except asyncio.CancelledError:
-                interrupted = True
-            self._send(self.topics.spoken, {"text": command.text, "source": command.source,
-                                            "audio_s": round(self._audio_samples / rate, 3),
-                                            "interrupted": interrupted})
-            return
-        done: TurnDone = await self._session.ask(command.text, speak=command.speak)
-        self._send(self.topics.answer, {"id": command.id, "question": command.text, "reply": done.reply,
-                                        "turn_id": done.turn_id, "interrupted": done.interrupted,
-                                        "audio_s": round(self._audio_samples / rate, 3)})
+    def preempted(self) -> None:
+        """Our speaker lane was taken by the local conversation: stop the command that was speaking."""
+        self.commands.cancel_soon(local=False)
 
     # ---- events out ------------------------------------------------------------------------------------------
 
-    def _on_session_event(self, event: Event) -> None:
-        if isinstance(event, ReplyAudio):
-            self._audio_samples += len(event.samples)
+    def _new_session(self, name: str) -> Any:
+        session = self.assistant.session(self.commands.on_session_event, sink=self.sink, name=name)
+        self._published.add(session.id)
+        return session
+
+    def publish_event(self, event_type: str, **details: Any) -> None:
+        """A Home Assistant event entity's event (``wake_word``, ``turn_end``)."""
+        self._send(self.topics.event, {"event_type": event_type, **details})
+
+    def _publishes(self, session_id: str) -> bool:
+        turns = self.cfg.publish_turns
+        return turns == "all" or (turns == "local" and session_id in self._published)
 
     def _on_event(self, session_id: str, event: Event) -> None:
-        """Every session's events (listener on the Assistant): state and results out, actions carried out."""
-        t = self.topics
+        """Every session's events (listener on the Assistant): actions carried out; state and results out for the
+        sessions whose turns are published."""
+        if isinstance(event, ActionRequested):
+            self._action(session_id, event)
+            return
+        if not self._publishes(session_id):
+            return
+        t, retain = self.topics, self.cfg.retain_results
         if isinstance(event, StateChanged):
             self._state = event.state
-            self._send(t.state, event.state.value, retain=True)
+            self._send(t.state, event.state.value, retain=True, priority=Priority.CONTROL)
         elif isinstance(event, TranscriptFinal) and event.text.strip():
-            self._send(t.transcript, event.text, retain=True)
-        elif isinstance(event, TurnDone):
-            self._send(t.reply, event.reply, retain=True)
+            self._send(t.transcript, {"text": event.text, "session": session_id}, retain=retain)
+        elif isinstance(event, TurnDone) and session_id not in self.commands.saying:
+            self._send(t.reply, {"text": event.reply, "session": session_id, "turn_id": event.turn_id,
+                                 "interrupted": event.interrupted}, retain=retain)
             stages = event.trace.get("stages_ms", {})
             stage = next((s for s in ("voice_to_voice", "text_to_voice") if s in stages), None)
+            decoder = event.trace.get("decoder") or {}
             if stage is not None:
+                acceptance = round(100 * decoder["accepted_per_drafted"], 1) if decoder.get("drafted") else None
                 self._send(t.latency, {"ms": stages[stage], "stage": stage, "session": session_id,
-                                       "turn_id": event.turn_id, "over_budget": event.trace.get("over_budget", [])},
-                           retain=True)
+                                       "turn_id": event.turn_id, "acceptance_pct": acceptance,
+                                       "over_budget": event.trace.get("over_budget", [])},
+                           retain=True, priority=Priority.TELEMETRY)
             self._send(t.turn, {"session": session_id, "turn_id": event.turn_id, "transcript": event.transcript,
-                                "reply": event.reply, "interrupted": event.interrupted, "trace": event.trace})
-        elif isinstance(event, ActionRequested):
-            self._action(session_id, event)
+                                "reply": event.reply, "interrupted": event.interrupted, "trace": event.trace},
+                       priority=Priority.TELEMETRY)
+            self.publish_event("turn_end", session=session_id, turn_id=event.turn_id, interrupted=event.interrupted)
         elif isinstance(event, TurnError):
             self._error("turn", f"turn {event.turn_id} failed in {event.stage}: {event.message}",
                         session=session_id, turn_id=event.turn_id, stage=event.stage)

@@ -7,23 +7,41 @@ fix (the bridge publishes it on ``<p>/error``); nothing here talks to a broker.
 from __future__ import annotations
 
 import json
+import re
 import string
 from dataclasses import dataclass, fields
+from enum import IntEnum
 from typing import Any
 
 MAX_PAYLOAD_BYTES = 16 * 1024
 MAX_TEXT_CHARS = 1000
+_CONVERSATION_ID = re.compile(r"[A-Za-z0-9_.:@-]{1,64}")
 
 
 class PayloadError(ValueError):
     """A command payload we cannot use; the message names the problem and the fix (sent on <p>/error)."""
 
 
-@dataclass
+class Priority(IntEnum):
+    """Which messages wait ahead of which in the outbox, and which go first when it is full."""
+
+    CONTROL = 0  # availability, state, discovery: only the latest per topic matters, so they never pile up
+    RESULT = 1  # answers, spoken, actions, transcripts, replies, events: what a home automation acts on
+    TELEMETRY = 2  # per-turn traces, latency, error reports: the first to be dropped
+
+
+@dataclass(eq=False)  # identity: the outbox removes exactly the message it published
 class Outgoing:
     topic: str
     payload: str
     retain: bool = False
+    priority: Priority = Priority.RESULT
+
+    @property
+    def packet_bytes(self) -> int:
+        """The PUBLISH packet's size (QoS 1): fixed header, topic, packet id, payload (MQTT 3.1.1, 3.3)."""
+        rest = 2 + len(self.topic.encode()) + 2 + len(self.payload.encode())
+        return 1 + (1 if rest < 128 else 2 if rest < 16384 else 3 if rest < 2097152 else 4) + rest
 
 
 @dataclass
@@ -33,6 +51,7 @@ class Command:
     source: str  # the topic it came from
     id: Any = None
     speak: bool = True
+    conversation: str | None = None  # ask: the conversation_id whose history it continues (None: a fresh one)
 
 
 @dataclass(frozen=True)
@@ -52,6 +71,7 @@ class Topics:
     spoken: str
     action: str
     error: str
+    event: str
 
     @classmethod
     def under(cls, prefix: str) -> Topics:
@@ -83,6 +103,8 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     except json.JSONDecodeError as exc:
         raise PayloadError(f"invalid JSON ({exc.msg} at character {exc.pos}); fix: send valid JSON such as "
                            '{"text": "hello"}, or plain text that does not start with "{"') from None
+    except RecursionError:
+        raise PayloadError('JSON nested too deeply; fix: send a flat object such as {"text": "hello"}') from None
     return data  # text that starts with "{" and parses is always an object
 
 
@@ -108,6 +130,19 @@ def parse_text_command(payload, *, fields: dict[str, type | tuple[type, ...]]) -
             names = " or ".join(k.__name__ for k in (kind if isinstance(kind, tuple) else (kind,)))
             raise PayloadError(f"field {name!r} must be {names}, got {type(data[name]).__name__}; fix: correct it")
     return {**data, "text": text.strip()}
+
+
+def parse_ask(payload) -> Command:
+    """An ask: plain text, or {"text", "id", "speak", "conversation_id"}. Without a conversation_id the question
+    starts a fresh conversation, so no asker reads another's history."""
+    data = parse_text_command(payload, fields={"id": (str, int), "speak": bool, "conversation_id": (str, int)})
+    conversation = data.get("conversation_id")
+    if conversation is not None:
+        conversation = str(conversation)
+        if not _CONVERSATION_ID.fullmatch(conversation):
+            raise PayloadError(f"conversation_id {conversation[:80]!r} is not usable; fix: 1-64 letters, digits or "
+                               "'_', '-', '.', ':', '@'")
+    return Command("ask", data["text"], "", data.get("id"), data.get("speak", True), conversation)
 
 
 def template_fields(template: str) -> list[str]:

@@ -19,6 +19,7 @@ from websockets.datastructures import Headers
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
+from voice.health import HEALTH_PATH, health_response
 from voice.metrics import CONTENT_TYPE
 from voice.transports.common import Shared
 from voice.transports.realtime import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
@@ -101,6 +102,8 @@ class RealtimeServer:
 
     def _process_request(self, connection: ServerConnection, request: Request) -> Response | None:
         path = urlsplit(request.path).path
+        if path == HEALTH_PATH:
+            return health_response(connection, self.shared)
         if path == METRICS_PATH:
             if not self._authorized(request):
                 return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong token; send "

@@ -1,7 +1,7 @@
 """The Wyoming server (Home Assistant's voice protocol): asr, tts and a handle (conversation) service.
 
-Built on the ``wyoming`` package's own server, handler and event classes; this module only decides what each
-event means for the assistant:
+Built on the ``wyoming`` package's event classes and TCP server; this module only decides what each event means
+for the assistant:
 
 - asr: ``transcribe`` (optional), ``audio-start``, ``audio-chunk``... ``audio-stop`` -> ``transcript-start``,
   ``transcript-chunk`` as words become stable *while the audio still arrives*, then ``transcript`` and
@@ -11,38 +11,45 @@ event means for the assistant:
   (``synthesize-start``, ``synthesize-chunk``... ``synthesize-stop``) cuts the text with the same clause chunker
   as our own replies and speaks each fragment as soon as it is complete, then ``synthesize-stopped``.
 - handle: a ``transcript`` from the client is a question -> ``handled-start``, ``handled-chunk`` per decoded
-  piece, ``handled`` (the whole reply) and ``handled-stop``.
+  piece, ``handled`` (the whole reply) and ``handled-stop``. With a ``conversation_id`` in its context (Home
+  Assistant sends one) the history is the conversation's, kept across connections (wyoming_conversations.py).
 
-Wyoming has no authentication, so a server bound beyond loopback needs ``wyoming.allowed_clients``. Oversized
-events, idle connections and overlong audio end with an ``error`` event that names the limit and its config key.
+Wyoming has no authentication, so a server bound beyond loopback needs ``wyoming.allowed_clients``. Whatever a
+client sends gets an answer, never a traceback: a broken event header, an oversized or stalled event, or a
+client that stops reading ends the connection with an ``error`` event naming the limit and its config key;
+a bad field is answered with an ``error`` event and the connection goes on; a turn that fails is reported as
+an ``error`` (and ``not-handled``), never as a success. Warnings about clients are rate-limited per address.
+A connection takes a session slot (``server.max_sessions``, shared with the websocket API) with its first
+complete event, so connections that never finish one cannot lock anyone out.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import logging
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import numpy as np
-from wyoming.asr import Transcribe, Transcript, TranscriptChunk, TranscriptStart, TranscriptStop
-from wyoming.audio import AudioChunk, AudioChunkConverter, AudioStart, AudioStop
+from wyoming.asr import Transcribe, Transcript
+from wyoming.audio import AudioChunk, AudioStart, AudioStop
 from wyoming.error import Error
-from wyoming.event import Event
+from wyoming.event import Event, async_write_event
 from wyoming.handle import Handled, HandledChunk, HandledStart, HandledStop, NotHandled
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from audio.frames import SPEECH_RATE
 from voice.chunker import Chunker
 from voice.config import ConfigError
-from voice.events import ReplyTextDelta, TranscriptPartial
-from voice.listener import Listener
+from voice.logs import ClientWarnings
 from voice.session import Session
 from voice.transports.common import Shared, is_loopback
+from voice.transports.wyoming_asr import AsrStream
+from voice.transports.wyoming_conversations import Conversations, ConversationsFull, Routed
 from voice.transports.wyoming_info import describe
-from voice.transports.wyoming_io import BoundedReader, WyomingSink
+from voice.transports.wyoming_io import EventReader, ProtocolProblem, Refused, WyomingSink, conversation_id, text_field
 
 log = logging.getLogger("specvoice.wyoming")
 
@@ -50,13 +57,17 @@ CHUNK_SAMPLES = 2048  # audio-chunk size we send (~93 ms at 22.05 kHz)
 
 
 class Gate:
-    """What every connection of one Wyoming server shares: the allow-list and the open connections."""
+    """What every connection of one Wyoming server shares: the allow-list, the open connections, the
+    conversations kept across connections and the per-client warning budget."""
 
     def __init__(self, shared: Shared) -> None:
         self.shared = shared
         self.config = shared.config
         self.networks = self.check_config(shared.config)
         self.handlers: set[WyomingHandler] = set()
+        w = shared.config.wyoming
+        self.conversations = Conversations(self.new_session, w.max_conversations, w.conversation_idle_s)
+        self.warnings = ClientWarnings(log)
 
     @staticmethod
     def check_config(config: Any) -> list[Any]:
@@ -79,207 +90,210 @@ class Gate:
             return False
         return any(address in net for net in self.networks)
 
+    def new_session(self, on_event: Any, sink: Any = None, name: str = "") -> Session:
+        return self.shared.assistant.session(on_event, sink=sink, endpointing=False, name=name)
+
+    async def close(self) -> None:
+        await self.conversations.close()
+
 
 class WyomingHandler(AsyncEventHandler):
-    """One Wyoming connection: one lazily created session, requests answered one at a time."""
+    """One Wyoming connection: requests answered one at a time, with one lazily created session of its own."""
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, server: Gate) -> None:
-        s = server.config.server
-        self.bounded = BoundedReader(reader, s.max_message_bytes, s.idle_timeout_s)
-        super().__init__(self.bounded, writer)  # type: ignore[arg-type]  # duck-typed: readline/readexactly
+        super().__init__(reader, writer)
+        s, w = server.config.server, server.config.wyoming
+        self.events = EventReader(reader, s.max_message_bytes, s.idle_timeout_s, w.read_timeout_s)
+        self.write_s = w.write_timeout_s
         self.server = server
         self.assistant = server.shared.assistant
-        self.peer = writer.get_extra_info("peername")
-        self._session: Session | None = None
-        self._events: asyncio.Queue[Any] = asyncio.Queue()  # session events for the request in progress
-        # asr
-        self._listener: Listener | None = None
-        self._converter: AudioChunkConverter | None = None
-        self._asr_seconds = 0.0
-        self._sent = ""  # transcript text already sent as chunks
-        self._started = False  # transcript-start sent
-        self._language: str | None = None
-        # tts streaming
-        self._chunker: Chunker | None = None
-        self._tts_audio_started = False
+        peer = writer.get_extra_info("peername")
+        self.client = str(peer[0]) if peer else "unknown"
+        self._own: Routed | None = None  # this connection's session (tts, and handle without a conversation id)
+        self._has_slot = False
+        self._gone = False  # a write failed: the client is not reading any more
+        self.asr = AsrStream(lambda: self.assistant.listener(endpointing=False), s.max_turn_audio_s,
+                             self.write_event)
+        # tts
+        self._chunker: Chunker | None = None  # a synthesize stream is open
+        self._audio_started = False
+        self._tts_failed = False  # the current synthesis failed: the rest of its text is not spoken
 
     # ---- connection ----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        metrics, slots = self.server.shared.metrics, self.server.shared.slots
-        host = self.peer[0] if self.peer else ""
-        if not self.server.allowed(host):
+        metrics = self.server.shared.metrics
+        if not self.server.allowed(self.client):
             metrics.rejected.labels("wyoming", "allow_list").inc()
-            await self._refuse(f"{host} is not in wyoming.allowed_clients", "not_allowed")
-            return
-        if not slots.acquire():
-            metrics.rejected.labels("wyoming", "sessions").inc()
-            await self._refuse(f"server busy: {slots.limit} sessions open (server.max_sessions); try again later",
-                               "busy")
+            await self._refuse(f"{self.client} is not in wyoming.allowed_clients", "not_allowed")
             return
         self.server.handlers.add(self)
-        metrics.session_opened("wyoming")
+        self._is_running = True
         try:
-            await super().run()
-        except (ConnectionError, asyncio.IncompleteReadError):
+            while self._is_running:
+                try:
+                    event = await self.events.read()
+                except ProtocolProblem as problem:
+                    await self._end_with(problem)
+                    break
+                if event is None or not (self._has_slot or await self._take_slot()):
+                    break
+                if not await self.handle_event(event):
+                    break
+        except ConnectionError:
             pass
         finally:
             self.server.handlers.discard(self)
-            slots.release()
-            metrics.session_closed("wyoming")
+            await self.disconnect()
+            if self._gone:
+                self.writer.transport.abort()  # what it did not read is dropped, not kept for it
+            else:
+                self.writer.close()
+            if self._has_slot:
+                self.server.shared.slots.release()
+                metrics.session_closed("wyoming")
+
+    async def _take_slot(self) -> bool:
+        """The connection's first complete event takes its session slot; none left: ``busy`` and close."""
+        shared = self.server.shared
+        if not shared.slots.acquire():
+            shared.metrics.rejected.labels("wyoming", "sessions").inc()
+            await self._refuse(f"server busy: {shared.slots.limit} sessions open (server.max_sessions); "
+                               "try again later", "busy")
+            return False
+        self._has_slot = True
+        shared.metrics.session_opened("wyoming")
+        return True
 
     async def _refuse(self, text: str, code: str) -> None:
-        try:
+        with contextlib.suppress(ConnectionError):
             await self.write_event(Error(text, code).event())
-        except ConnectionError:
-            pass
         self.writer.close()
 
+    async def _end_with(self, problem: ProtocolProblem) -> None:
+        self.server.shared.metrics.protocol_errors.labels("wyoming", problem.code).inc()
+        if problem.code == "idle_timeout":
+            log.info("closing an idle connection", extra={"client": self.client})
+        else:
+            self.server.warnings.warn(self.client, "wyoming client closed: " + problem.text, code=problem.code)
+        with contextlib.suppress(ConnectionError):
+            await self.write_event(problem.event())
+
+    async def write_event(self, event: Event) -> None:
+        """Write one event; a client that reads nothing for ``wyoming.write_timeout_s`` is gone."""
+        if self._gone:
+            raise ConnectionResetError("the client stopped reading")
+        try:
+            async with asyncio.timeout(self.write_s):
+                await async_write_event(event, self.writer)
+        except TimeoutError:
+            self._gone = True
+            log.info("dropping a client that stopped reading", extra={"client": self.client})
+            raise ConnectionResetError(f"the client read nothing for {self.write_s:g} s "
+                                       "(wyoming.write_timeout_s)") from None
+        except ConnectionError:
+            self._gone = True
+            raise
+
     async def disconnect(self) -> None:
-        problem = self.bounded.problem
-        if problem is not None:
-            self.server.shared.metrics.protocol_errors.labels("wyoming", problem.code or "error").inc()
-            try:
-                await self.write_event(problem.event())
-            except ConnectionError:
-                pass
-        if self._listener is not None:
-            await self._listener.close()
-            self._listener = None
-        if self._session is not None:
-            await self._session.close()
-            self._session = None
+        await self.asr.close()
+        if self._own is not None:
+            await self._own.session.close()
+            self._own = None
 
     @property
     def busy(self) -> bool:
-        return self.bounded.busy
+        return self.events.busy
 
-    def session(self) -> Session:
-        if self._session is None:
+    def own(self) -> Routed:
+        if self._own is None:
             sink = WyomingSink(self._write_audio, self.assistant.tts_sample_rate)
-            self._session = self.assistant.session(self._events.put_nowait, sink=sink, endpointing=False,
-                                                   name=f"wyoming-{id(self):x}")
-        return self._session
+            self._own = Routed(lambda route: self.server.new_session(route, sink, f"wyoming-{id(self):x}"))
+        return self._own
 
-    async def error(self, text: str, code: str) -> None:
+    async def error(self, text: str, code: str, *, client_fault: bool = True) -> None:
+        """Tell the client what went wrong; a warning (rate-limited per client) when it was the client's doing
+        (a failed turn was logged where it failed)."""
         self.server.shared.metrics.protocol_errors.labels("wyoming", code).inc()
+        if client_fault:
+            self.server.warnings.warn(self.client, "wyoming request refused: " + text, code=code)
         await self.write_event(Error(text, code).event())
 
     # ---- events --------------------------------------------------------------------------------------------
 
     async def handle_event(self, event: Event) -> bool:
-        self.bounded.busy = True
+        self.events.busy = True
         try:
             return await self._handle(event)
         except ConnectionError:
             return False
-        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong type
-            await self.error(f"malformed {event.type!r} event: {type(exc).__name__}: {exc}", "bad_event")
+        except Refused as refused:
+            await self.error(refused.text, refused.code)
             return True
-        except Exception as exc:  # a bug must cost one request, not the server
-            log.exception("wyoming event failed", extra={"type": event.type})
+        except (KeyError, TypeError, ValueError, AttributeError) as exc:  # a field missing or of the wrong type
+            await self.error(f"malformed {event.type[:40]!r} event: {type(exc).__name__}: {exc}", "bad_event")
+            return True
+        except Exception as exc:  # a bug must cost one request, not the server (and is logged with its traceback)
+            self.server.warnings.warn(self.client, "wyoming event failed", exc_info=True, type=event.type[:40])
             await self.error(f"internal error: {type(exc).__name__}: {exc}", "server_error")
             return True
         finally:
-            self.bounded.busy = False
+            self.events.busy = False
 
     async def _handle(self, event: Event) -> bool:
-        if event.type == "describe":
+        kind = event.type
+        if kind == "describe":
             await self.write_event(describe(self.server.config, self.assistant).event())
-        elif Transcribe.is_type(event.type):
-            self._language = Transcribe.from_event(event).language
-        elif AudioStart.is_type(event.type):
-            await self._audio_start(AudioStart.from_event(event))
-        elif AudioChunk.is_type(event.type):
-            await self._audio_chunk(AudioChunk.from_event(event))
-        elif AudioStop.is_type(event.type):
-            await self._audio_stop()
-        elif Synthesize.is_type(event.type):
+        elif Transcribe.is_type(kind):
+            language = Transcribe.from_event(event).language
+            self.asr.language = language if isinstance(language, str) else None
+        elif AudioStart.is_type(kind):
+            await self.asr.start(AudioStart.from_event(event))
+        elif AudioChunk.is_type(kind):
+            await self.asr.chunk(AudioChunk.from_event(event))
+        elif AudioStop.is_type(kind):
+            await self.asr.stop()
+        elif Synthesize.is_type(kind):
             if self._chunker is None:  # inside a stream it is only the compatibility copy
-                await self._speak(Synthesize.from_event(event).text, start=True, stop=True)
-        elif SynthesizeStart.is_type(event.type):
-            self._chunker, self._tts_audio_started = self.session().ctx.chunker(), False
-        elif SynthesizeChunk.is_type(event.type):
-            await self._synthesize_chunk(SynthesizeChunk.from_event(event).text)
-        elif SynthesizeStop.is_type(event.type):
+                await self._synthesize(text_field(event))
+        elif SynthesizeStart.is_type(kind):
+            self._chunker = Chunker.from_config(self.server.config.tts)
+            self._audio_started = self._tts_failed = False
+        elif SynthesizeChunk.is_type(kind):
+            await self._synthesize_chunk(text_field(event))
+        elif SynthesizeStop.is_type(kind):
             await self._synthesize_stop()
-        elif Transcript.is_type(event.type):
-            await self._handle_text(Transcript.from_event(event).text)
+        elif Transcript.is_type(kind):
+            await self._handle_text(text_field(event), conversation_id(event))
         else:
-            await self.error(f"unsupported event type {event.type!r}; this server handles describe, transcribe, "
+            await self.error(f"unsupported event type {kind[:40]!r}; this server handles describe, transcribe, "
                              "audio-start/-chunk/-stop, synthesize(-start/-chunk/-stop) and transcript", "unsupported")
         return True
 
-    # ---- asr -----------------------------------------------------------------------------------------------
-
-    async def _audio_start(self, start: AudioStart) -> None:
-        problem = _format_problem(start.rate, start.width, start.channels)
-        if problem:
-            await self.error(problem, "bad_audio_format")
-            return
-        if self._listener is not None:
-            await self._listener.close()
-        self._converter = AudioChunkConverter(rate=SPEECH_RATE, width=2, channels=1)
-        self._listener = self.assistant.listener(endpointing=False)
-        self._asr_seconds, self._sent, self._started = 0.0, "", False
-
-    async def _audio_chunk(self, chunk: AudioChunk) -> None:
-        if self._listener is None or self._converter is None:
-            await self.error("audio-chunk before audio-start; send audio-start with rate, width and channels first",
-                             "no_audio_start")
-            return
-        problem = _format_problem(chunk.rate, chunk.width, chunk.channels)
-        if problem or len(chunk.audio) % (chunk.width * chunk.channels):
-            await self.error(problem or f"audio-chunk of {len(chunk.audio)} bytes is not a whole number of "
-                             f"{chunk.width * chunk.channels}-byte frames", "bad_audio_format")
-            return
-        self._asr_seconds += chunk.seconds
-        limit = self.server.config.server.max_turn_audio_s
-        if self._asr_seconds > limit:
-            await self._listener.close()
-            self._listener = None
-            await self.error(f"more than {limit:g} s of audio in one request (server.max_turn_audio_s); "
-                             "the request was dropped", "audio_too_long")
-            return
-        converted = self._converter.convert(chunk)
-        for ev in await self._listener.accept_chunk(np.frombuffer(converted.audio, dtype="<i2").astype(np.int16)):
-            if isinstance(ev, TranscriptPartial):
-                await self._send_transcript_chunk(ev.committed)
-
-    async def _send_transcript_chunk(self, text: str) -> None:
-        if not self._started:
-            self._started = True
-            await self.write_event(TranscriptStart(language=self._language).event())
-        if text.startswith(self._sent) and len(text) > len(self._sent):
-            piece, self._sent = text[len(self._sent):], text
-            await self.write_event(TranscriptChunk(piece).event())
-
-    async def _audio_stop(self) -> None:
-        listener, self._listener = self._listener, None
-        if listener is None:
-            await self.error("audio-stop without audio-start", "no_audio_start")
-            return
-        text = await listener.finish()
-        await self._send_transcript_chunk(text)
-        await self.write_event(Transcript(text, language=self._language).event())
-        await self.write_event(TranscriptStop().event())
-
     # ---- tts -----------------------------------------------------------------------------------------------
 
-    async def _speak(self, text: str, *, start: bool, stop: bool) -> None:
-        """Speak ``text`` with the session's voice; its audio goes out through the session's sink as it comes."""
-        text = text.strip()
-        if not text and start and stop:
+    async def _synthesize(self, text: str) -> None:
+        if not text.strip():
             await self.error("synthesize needs non-empty text", "empty_text")
             return
-        if start:
+        chunker = Chunker.from_config(self.server.config.tts)
+        self._audio_started, self._tts_failed = False, False
+        await self._speak(chunker.push(text) + chunker.flush())
+        await self.write_event(AudioStop().event())
+
+    async def _speak(self, fragments: list[str]) -> None:
+        """Speak each fragment in its own short turn (audio through the sink); stop at the first failure."""
+        if not self._audio_started:
+            self._audio_started = True
             await self.write_event(AudioStart(rate=self.assistant.tts_sample_rate, width=2, channels=1).event())
-        if text:
-            task = await self._run_forwarding(self.session().say(text), _ignore)
-            if task.exception() is not None:
-                await self.error(f"speech synthesis failed: {task.exception()}", "tts_failed")
-        if stop:
-            await self.write_event(AudioStop().event())
+        for fragment in fragments:
+            if self._tts_failed:
+                return
+            _, failure = await self.own().run(_saying(fragment))
+            if failure is not None:
+                self._tts_failed = True
+                await self.error(f"speech synthesis failed ({failure}); the rest of the text was not spoken",
+                                 "tts_failed", client_fault=False)
 
     async def _write_audio(self, samples: np.ndarray, rate: int) -> None:
         for i in range(0, len(samples), CHUNK_SAMPLES):
@@ -290,68 +304,55 @@ class WyomingHandler(AsyncEventHandler):
         if self._chunker is None:
             await self.error("synthesize-chunk outside a stream; send synthesize-start first", "no_stream")
             return
-        for fragment in self._chunker.push(text):
-            await self._speak(fragment, start=not self._tts_audio_started, stop=False)
-            self._tts_audio_started = True
+        fragments = self._chunker.push(text)
+        if fragments:
+            await self._speak(fragments)
 
     async def _synthesize_stop(self) -> None:
         chunker, self._chunker = self._chunker, None
         if chunker is None:
             await self.error("synthesize-stop outside a stream; send synthesize-start first", "no_stream")
             return
-        rest = " ".join(chunker.flush())
-        if rest or self._tts_audio_started:
-            await self._speak(rest, start=not self._tts_audio_started, stop=True)
+        rest = chunker.flush()
+        if rest or self._audio_started:
+            await self._speak(rest)
+            await self.write_event(AudioStop().event())
         await self.write_event(SynthesizeStopped().event())
 
     # ---- handle (conversation) ----------------------------------------------------------------------------
 
-    async def _handle_text(self, text: str) -> None:
+    async def _handle_text(self, text: str, conversation_id: str | None) -> None:
+        context = {"conversation_id": conversation_id} if conversation_id else None
         if not text.strip():
-            await self.write_event(NotHandled("I did not hear a question.").event())
+            await self.write_event(NotHandled("I did not hear a question.", context=context).event())
             return
-        await self.write_event(HandledStart().event())
-
-        async def forward(event: Any) -> None:
-            if isinstance(event, ReplyTextDelta) and event.text:
-                await self.write_event(HandledChunk(event.text).event())
-
-        task = await self._run_forwarding(self.session().ask(text, speak=False), forward)
-        if task.exception() is not None:
-            await self.write_event(NotHandled(f"The assistant failed: {task.exception()}").event())
-        else:
-            await self.write_event(Handled(task.result().reply).event())
-        await self.write_event(HandledStop().event())
-
-    async def _run_forwarding(self, work: Coroutine[Any, Any, Any],
-                              forward: Callable[[Any], Awaitable[None]]) -> asyncio.Task[Any]:
-        """Run ``work`` (a session call) while handing the session's events to ``forward`` as they come, until
-        the work is done and every event it produced was forwarded. Returns the finished task."""
-        task = asyncio.create_task(work)
         try:
-            while not (task.done() and self._events.empty()):
-                get = asyncio.create_task(self._events.get())
-                await asyncio.wait({get, task}, return_when=asyncio.FIRST_COMPLETED)
-                if not get.done():
-                    get.cancel()
-                    continue
-                await forward(get.result())
-        finally:
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
-        return task
+            async with self._conversation(conversation_id) as routed:
+                await self.write_event(HandledStart().event())
+
+                async def chunk(piece: str) -> None:
+                    await self.write_event(HandledChunk(piece).event())
+
+                done, failure = await routed.run(lambda session: session.ask(text, speak=False), chunk)
+                if failure is None:
+                    await self.write_event(Handled(done.reply, context=context).event())
+                else:
+                    await self.error(f"the reply failed ({failure})", "turn_failed", client_fault=False)
+                    await self.write_event(NotHandled(f"The assistant failed: {failure}", context=context).event())
+                await self.write_event(HandledStop().event())
+        except ConversationsFull as exc:
+            await self.error(str(exc), "busy")
+            await self.write_event(NotHandled(str(exc), context=context).event())
+
+    @contextlib.asynccontextmanager
+    async def _conversation(self, conversation_id: str | None) -> AsyncIterator[Routed]:
+        """The server's session for this conversation id, or without one this connection's own."""
+        if conversation_id is None:
+            yield self.own()
+        else:
+            async with self.server.conversations.use(conversation_id) as routed:
+                yield routed
 
 
-async def _ignore(event: Any) -> None:
-    """Events of a synthesis need no forwarding: its audio goes through the sink."""
-
-
-def _format_problem(rate: int, width: int, channels: int) -> str | None:
-    if not (isinstance(rate, int) and 8000 <= rate <= 96000):
-        return f"unsupported sample rate {rate!r}; send 8000..96000 Hz (16000 is native)"
-    if width not in (1, 2, 4):
-        return f"unsupported sample width {width!r} bytes; send 2 (16-bit PCM)"
-    if channels not in (1, 2):
-        return f"unsupported channel count {channels!r}; send mono (1) or stereo (2)"
-    return None
+def _saying(text: str) -> Callable[[Session], Awaitable[Any]]:
+    return lambda session: session.say(text)

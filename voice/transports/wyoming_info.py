@@ -8,8 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from wyoming.info import (AsrModel, AsrProgram, Attribution, HandleModel, HandleProgram, Info, TtsProgram,
-                          TtsVoice)
+from wyoming.info import AsrModel, AsrProgram, Attribution, HandleModel, HandleProgram, Info, TtsProgram, TtsVoice
 
 from voice.transports.common import package_version
 

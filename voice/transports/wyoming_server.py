@@ -29,7 +29,7 @@ class WyomingServer:
     @property
     def port(self) -> int:
         assert self._tcp is not None and self._tcp._server is not None
-        return int(self._tcp._server.sockets[0].getsockname()[1])
+        return int(self._tcp._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]  # an asyncio.Server
 
     async def start(self) -> None:
         w = self.config.wyoming
@@ -62,6 +62,7 @@ class WyomingServer:
         while any(h.busy for h in self.gate.handlers) and loop.time() < deadline:
             await asyncio.sleep(0.05)
         await self._tcp.stop()
+        await self.gate.close()  # the conversations kept across connections
         if self._zeroconf is not None:
             await self._zeroconf._aiozc.async_close()
         self._tcp = None

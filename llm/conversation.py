@@ -1,0 +1,234 @@
+"""One chat: its messages, its own KV caches for both models (kept across turns), streaming replies.
+
+- ``reply`` is an async iterator of ``Emission``s: accepted text with the time it was verified. Between steps
+  it awaits, so cancelling the consuming task stops it within one step (a prefill runs in chunks, so that
+  holds before the first token too); the step that was running finishes in the worker thread and leaves the
+  caches consistent (they always hold exactly the ids they record, see cache.CachedLM). A reply cancelled or
+  failed before its first token commits nothing: the history is as it was before the call.
+- History trimming keeps the prompt cache. Dropping the oldest exchange whenever the prompt is over budget
+  would change the start of every later prompt, so every later turn would re-prefill the whole history (time
+  to first token went from 0.3 s to 6-8 s after ~36 turns). Instead, once over budget, the oldest exchanges
+  go in one block, down to ``trim_to`` of the budget: the kept prefix is then stable for many turns, and the
+  prefill after a trim is bounded by that fraction. ``warm`` trims ahead of time when the next turn would
+  cross the budget, and prefills the trimmed history while nobody waits (call it after each reply).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any, Protocol, TypeVar
+
+from llm.cache import CachedLM, common_prefix
+from llm.history import ChatHistory
+from llm.settings import DecodeSettings, DecodeStats, Emission
+from llm.speculative import Generation
+
+T = TypeVar("T")
+
+
+class Engine(Protocol):
+    """What a conversation needs from ``llm.engine.Engine`` (which creates conversations, so this module does
+    not import it back)."""
+
+    tokenizer: Any
+    settings: DecodeSettings
+    stop_ids: set[int]
+    lock: threading.Lock
+
+    def new_caches(self) -> tuple[CachedLM, CachedLM | None]: ...
+
+    def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int: ...
+
+    def generation(self, prompt: list[int], settings: DecodeSettings, target: CachedLM,
+                   draft: CachedLM | None) -> Generation: ...
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
+log = logging.getLogger("specvoice.llm")
+
+
+class Conversation(ChatHistory):
+    """One chat with its own KV caches (target and draft), kept across turns."""
+
+    def __init__(self, engine: Engine, system_prompt: str, history_tokens: int = 1536, trim_to: float = 0.5):
+        if not 0 < trim_to <= 1:
+            raise ValueError(f"trim_to must be in (0, 1], got {trim_to}")
+        super().__init__(system_prompt)
+        self.engine = engine
+        self.history_tokens, self.trim_to = history_tokens, trim_to
+        self._target, self._draft = engine.new_caches()
+        self._pending_reply = ""  # ... and what it streamed, until commit() or discard()
+        self._pending_before = 0  # ... and the prompt length before it (to learn the exchange's size)
+        self._exchange_tokens: list[int] = []  # prompt tokens each recent exchange added (to trim ahead)
+        self.trims = 0  # how many times old exchanges were dropped (for tests and the soak benchmark)
+        self.last_stats: DecodeStats | None = None
+
+    @property
+    def cached_tokens(self) -> tuple[int, int | None]:
+        """How many tokens the target's and the draft's caches hold (for tests and diagnostics)."""
+        return len(self._target.ids), (len(self._draft.ids) if self._draft is not None else None)
+
+    def prompt_ids(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
+        ids = self.engine.tokenizer.apply_chat_template(messages if messages is not None else self.messages,
+                                                        add_generation_prompt=True, tokenize=True)
+        if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
+            ids = ids["input_ids"]
+        return list(ids)
+
+    def _trim(self, messages: list[dict[str, Any]], limit: int, keep: int) -> tuple[list[dict[str, Any]], list[int]]:
+        """The messages to keep and their prompt. Under ``limit`` tokens nothing changes; over it, the oldest
+        exchanges are dropped (never the system prompt or the newest ``keep`` messages) down to trim_to of the
+        budget, so that the kept prefix stays stable for the next turns."""
+        messages = list(messages)
+        prompt = self.prompt_ids(messages)
+        if len(prompt) <= limit:
+            return messages, prompt
+        low = int(self.history_tokens * self.trim_to)
+        first = 1 if messages and messages[0]["role"] == "system" else 0
+        dropped = False
+        while len(prompt) > min(low, limit) and len(messages) - first > keep:
+            drop = 2 if len(messages) - first > keep + 1 else 1
+            del messages[first:first + drop]
+            prompt = self.prompt_ids(messages)
+            dropped = True
+        self.trims += dropped
+        return messages, prompt
+
+    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+                    ) -> AsyncIterator[Emission]:
+        """Stream the accepted reply to ``user_text``.
+
+        ``commit=True``: the user turn and what was streamed join the history when the stream ends (also when it
+        is cancelled after the first token). ``commit=False``: the history is left untouched; the caller then
+        calls ``commit(heard)`` once with what the user actually heard, or ``discard()`` (a reply started early
+        on a guess). A voice turn commits once, with the heard text, so the history is never written twice."""
+        settings = settings or self.engine.settings
+        if not user_text or not user_text.strip():
+            raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
+        if self._busy:
+            raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
+        if settings.max_new_tokens == 0:
+            return  # defined result: no reply, and the conversation is left as it was
+        before_len = len(self.prompt_ids())
+        trims = self.trims
+        user = {"role": "user", "content": user_text}
+        kept, prompt = self._trim(self.messages + [user], self.history_tokens, 1)
+        try:
+            limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
+        except ValueError:
+            self.trims = trims
+            raise
+        self._busy = True
+        if commit:
+            self._before_turn = list(self.messages)
+            self.messages[:] = kept
+        else:
+            self._pending, self._pending_reply, self._pending_before = kept, "", before_len
+        text = ""
+        streamed = False
+        try:
+            start = time.monotonic()
+            gen, reused = await self.engine.run(self._start, prompt, settings.but(max_new_tokens=limit))
+            tokens: list[int] = []
+            pending: list[int] = []
+            while not gen.done:
+                committed = await self.engine.run(gen.step)
+                for token in committed:
+                    if token in self.engine.stop_ids:
+                        continue
+                    tokens.append(token)
+                    pending.append(token)
+                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+                    if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the next token
+                        continue
+                    piece, text = full[len(text):], full
+                    self._pending_reply = text if not commit else ""
+                    streamed = True
+                    yield Emission(piece, pending, gen.records[-1].t)
+                    pending = []
+            streamed = True  # a complete reply, even an empty one, is a turn that happened
+            self.last_stats = DecodeStats.from_generation(gen, settings.mode, start, len(prompt) - reused)
+            log.info(self.last_stats.log_line(), extra={"llm_stats": self.last_stats.to_dict()})
+        finally:
+            # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed;
+            # nothing streamed yet (cancelled or failed during the prefill): the turn never happened
+            if not commit:
+                if not streamed:
+                    self.trims = trims
+            elif streamed:
+                self.messages.append({"role": "assistant", "content": text})
+                self._note_exchange(before_len if self.trims == trims else None)
+            else:
+                self.messages[:] = self._before_turn or []
+                self._before_turn = None
+                self.trims = trims
+            self._busy = False
+
+    def commit(self, heard_text: str) -> None:
+        pending_reply, before = self._pending_reply, self._pending_before
+        super().commit(heard_text)
+        self._note_exchange(before if heard_text == pending_reply else None)
+        self._pending_reply = ""
+
+    def _note_exchange(self, before_len: int | None) -> None:
+        if before_len is not None:
+            self._exchange_tokens = (self._exchange_tokens + [len(self.prompt_ids()) - before_len])[-4:]
+
+    async def warm(self) -> int:
+        """Prefill both caches with what every next prompt starts with (system prompt and history, up to the
+        next user message), so the next turn's time to first token pays only for the user's words. If the next
+        turn would cross the history budget, trim now (see the module docstring), so the prefill after the trim
+        happens here, while nobody waits. Runs in chunks and stops when a reply starts. Returns the number of
+        tokens now cached. Safe to skip: it only moves work earlier."""
+        if self._busy:
+            return 0
+        margin = max(self._exchange_tokens, default=64)
+        if len(self.messages) > 2:
+            kept, _ = self._trim(self.messages, self.history_tokens - margin, 2)
+            self.messages[:] = kept
+        one = self.prompt_ids(self.messages + [{"role": "user", "content": "a"}])
+        two = self.prompt_ids(self.messages + [{"role": "user", "content": "b c"}])
+        prefix = one[:common_prefix(one, two)]
+        if len(prefix) < 2:
+            return 0
+        chunk = self.engine.settings.prefill_chunk or len(prefix)
+        while await self.engine.run(self._prefill_chunk, prefix, chunk):
+            pass
+        return len(prefix) if common_prefix(self._target.ids, prefix) == len(prefix) else 0
+
+    def _prefill_chunk(self, prefix: list[int], chunk: int) -> bool:
+        """One chunk of warm's prefill (target first, then the draft); False when done or a reply started."""
+        if self._busy:
+            return False
+        for lm in (self._target, self._draft):
+            if lm is not None and common_prefix(lm.ids, prefix) < len(prefix):
+                lm.prefill(prefix, common_prefix(lm.ids, prefix) + chunk)
+                return True
+        return False
+
+    def _start(self, prompt: list[int], settings: DecodeSettings) -> tuple[Generation, int]:
+        reused = self._target.keep_prefix_of(prompt)
+        if self._draft is not None:
+            self._draft.keep_prefix_of(prompt)
+        return self.engine.generation(prompt, settings, self._target, self._draft), reused
+
+    def trim_last_reply(self, spoken_text: str) -> None:
+        """Barge-in: the last assistant message becomes what the user heard, and the caches drop the rest.
+
+        spoken_text must be a prefix of the reply, either exactly or word by word (whitespace may differ, as
+        when the speaker rebuilt it from words). The caches are cropped now if the engine is idle, otherwise at
+        the start of the next turn (a step still running for this conversation finishes first).
+        """
+        super().trim_last_reply(spoken_text)
+        if self.engine.lock.acquire(blocking=False):
+            try:
+                keep = self.prompt_ids()
+                self._target.keep_prefix_of(keep)
+                if self._draft is not None:
+                    self._draft.keep_prefix_of(keep)
+            finally:
+                self.engine.lock.release()
+

@@ -1,0 +1,119 @@
+"""How many tokens to draft: fixed, chosen from measured costs (adaptive), or until the draft is unsure.
+
+Notation (DESIGN.md section 3): alpha = per-token acceptance, t_d = one draft step, t_v(m) = a target pass over
+m tokens. Costs are measured per device and shared by a whole Engine.
+
+Adaptive k: drafting k gives E(k) = 1 + alpha + ... + alpha^k tokens per target pass at a cost of
+k * t_d + t_v(k+1); pick the k in 0..max_k with the highest E(k) / cost(k). alpha is accepted / (accepted +
+rejections) over a decaying window (the maximum-likelihood estimate for a geometric run length); t_d and t_v(m)
+are moving averages (an unmeasured m takes the nearest measured one: the verify-cost curve is flat on a CPU).
+Every 16th step tries a neighbour of the best k, so the curve stays measured.
+
+Confidence stop: one alpha for all tokens wastes draft steps on hard stretches and stops easy ones too early.
+The draft's own probability c_i of its token says which is which. After i drafted tokens, P_i (the chance that
+all i are accepted) is estimated as the product of kappa * c_j, kappa a live calibration (accepted tokens /
+the confidence they were drafted with). Stopping now yields E_i = 1 + P_1 + ... + P_i tokens in T_i = i t_d +
+t_v(i+1); one more step adds about P_i * alpha tokens for t_d more. Draft on while that raises the rate:
+P_i * alpha * T_i > E_i * t_d, up to max_k (8). Every quantity is measured on this device, as for adaptive k.
+
+Token trees (width > 1): k is the chain depth, the pass verifies k + siblings nodes (``tree_shape``) at the
+cost t_v(nodes + 1), and a depth i < k with siblings adds alpha^i * (1 - alpha) * beta tokens, beta being the
+live rate at which a sibling was accepted where its chain token was rejected (decayed like alpha).
+"""
+
+from __future__ import annotations
+
+from llm.tree import tree_shape
+
+
+class DraftLengthPolicy:
+    def __init__(self, fixed: int | None = None, max_k: int = 6, prior_alpha: float = 0.7, prior_c: float = 0.4,
+                 decay: float = 0.95, width: int = 1, max_nodes: int = 8, prior_beta: float = 0.3,
+                 confidence: bool = False, threshold: float | None = None):
+        """confidence: stop on the draft's confidence (max_k is then the cap); threshold: stop when the
+        estimated chance that all drafted tokens are accepted falls below it, instead of the cost rule (fixed,
+        so a seeded run drafts the same way every time)."""
+        self.fixed, self.max_k, self.decay = fixed, max_k, decay
+        self.width, self.max_nodes = width, max_nodes
+        self.confidence, self.threshold = confidence, threshold
+        self.accepted, self.rejected = prior_alpha * 4, (1 - prior_alpha) * 4  # a weak prior: 4 pseudo-tokens
+        self.sibling_hits, self.sibling_tries = prior_beta * 4, 4.0
+        self.calib_hits, self.calib_conf = 4.0, 4.0  # kappa = hits / confidence: prior 1
+        self.draft_s: float | None = None
+        self.verify_s: dict[int, float] = {}
+        self.prior_c = prior_c
+        self.steps = 0
+
+    @property
+    def alpha(self) -> float:
+        return self.accepted / max(self.accepted + self.rejected, 1e-9)
+
+    @property
+    def beta(self) -> float:
+        return self.sibling_hits / max(self.sibling_tries, 1e-9)
+
+    @property
+    def kappa(self) -> float:
+        """Calibration of the draft's confidence: accepted tokens per unit of confidence they were drafted with."""
+        return self.calib_hits / max(self.calib_conf, 1e-9)
+
+    def _verify_cost(self, m: int) -> float:
+        if not self.verify_s:
+            return 1.0
+        nearest = min(self.verify_s, key=lambda known: (abs(known - m), known))
+        return self.verify_s[nearest]
+
+    def _draft_cost(self) -> float:
+        return self.draft_s if self.draft_s is not None else self.prior_c * self._verify_cost(1)
+
+    def expected_rate(self, k: int) -> float:
+        a = min(self.alpha, 0.999)
+        shape = tree_shape(k, self.width, self.max_nodes)
+        tokens = (1 - a ** (k + 1)) / (1 - a) + sum(a ** i * (1 - a) * self.beta for i, n in enumerate(shape) if n)
+        return tokens / (k * self._draft_cost() + self._verify_cost(k + sum(shape) + 1))
+
+    def choose(self, remaining: int) -> int:
+        """The most tokens to draft this step (the confidence stop may end it sooner)."""
+        limit = max(0, min(self.max_k, remaining - 1))
+        if self.fixed is not None or self.confidence:
+            return min(self.fixed if self.fixed is not None else self.max_k, limit)
+        best = max(range(limit + 1), key=self.expected_rate)
+        self.steps += 1
+        if self.steps % 16 == 0 and limit > 0:
+            best = min(limit, best + 1) if (self.steps // 16) % 2 else max(1, best - 1)
+        return best
+
+    def keep_drafting(self, confidence: list[float]) -> bool:
+        """Confidence stop: whether to draft one more token after these (see the module docstring)."""
+        if not self.confidence:
+            return True
+        kappa = self.kappa
+        all_ok, expected = 1.0, 1.0
+        for c in confidence:
+            all_ok *= min(1.0, kappa * c)
+            expected += all_ok
+        if self.threshold is not None:
+            return all_ok >= self.threshold
+        i, t_d = len(confidence), self._draft_cost()
+        spent = i * t_d + self._verify_cost(i + 1)
+        return all_ok * self.alpha * spent > expected * t_d
+
+    def update(self, drafted: int, accepted: int, draft_s: float, draft_steps: int, verify_s: float, fed: int,
+               sibling_hit: bool | None = None, confidence: list[float] | None = None) -> None:
+        """drafted / accepted: chain tokens; sibling_hit: None unless a chain token with siblings was rejected;
+        confidence: the draft's confidence in each drafted token."""
+        if drafted > 0:
+            self.accepted = self.accepted * self.decay + accepted
+            self.rejected = self.rejected * self.decay + (1 if accepted < drafted else 0)
+        if confidence:
+            verified = confidence[:min(accepted + 1, drafted)]  # tokens that were reached by verification
+            self.calib_hits = self.calib_hits * self.decay + min(accepted, drafted)
+            self.calib_conf = self.calib_conf * self.decay + sum(verified)
+        if sibling_hit is not None:
+            self.sibling_hits = self.sibling_hits * self.decay + sibling_hit
+            self.sibling_tries = self.sibling_tries * self.decay + 1
+        if draft_steps > 0:
+            per_step = draft_s / draft_steps
+            self.draft_s = per_step if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_step
+        old = self.verify_s.get(fed)
+        self.verify_s[fed] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
