@@ -145,6 +145,29 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     sink.close()
 
 
+async def test_committed_words_are_prefilled_while_the_user_speaks(assistant, speech):
+    """Work during speech (dialog.prefill_during_speech): before the end of the turn, the LLM cache already
+    holds the prompt up to the last committed word; the reply then starts from it."""
+    rec, sink, session, mic = open_session(assistant, lockstep=True)
+    # one breath (no comma: piper pauses there, and a lockstep Smart Turn may rightly end the turn at it)
+    await mic.play(speech("Which month of the year is the best time to go to the south of France for a holiday?"))
+    committed = [e.committed for e in rec.of(TranscriptPartial) if e.committed]
+    assert committed and not rec.of(TurnDone), "words were committed while the user was still speaking"
+    conversation = session.conversation
+    one, two = (conversation.prompt_ids(conversation.messages + [{"role": "user", "content": f"{committed[-1]}{x}"}])
+                for x in (" a", " b c"))
+    ready = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)  # up to the committed words
+    async with asyncio.timeout(60):  # the prefill runs between Whisper passes; this only bounds a hang
+        while conversation.cached_tokens[0] < ready:
+            await asyncio.sleep(0.05)
+    assert conversation._target.ids[:ready] == one[:ready], "the cache holds the open user turn so far"
+    await mic.silence(1.3)
+    done = await rec.turn_done()
+    assert done is not None and done.transcript.startswith(committed[-1]) and done.reply.strip()
+    await session.close()
+    sink.close()
+
+
 @pytest.fixture(params=["smart"])
 def patient_assistant(assistant, request):
     """The same loaded models, with an end of turn that always waits long enough for the pause transcript to come

@@ -103,6 +103,8 @@ class DialogConfig(_Section):
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
     early_reply: bool = Field(True, description="start generating when the user pauses, before the endpoint; "
                                                 "spoken only if the final transcript is the same, else dropped")
+    prefill_during_speech: bool = Field(True, description="prefill the LLM caches with the committed words while "
+                                                          "the user still speaks (between Whisper passes)")
 
 
 class STTConfig(_Section):

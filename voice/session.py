@@ -146,6 +146,7 @@ class Session:
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
+            self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
             self._start_early(event.text)
         elif isinstance(event, SpeechResumed):
@@ -165,6 +166,15 @@ class Session:
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
+
+    def _prefill(self, committed: str) -> None:
+        """Work during speech: the committed words (they never change) go into the LLM caches now, right after
+        the Whisper pass that committed them, so the reply at the end of the turn prefills only the rest. One
+        prefill at a time, none while a reply runs; it yields to a reply at its next chunk."""
+        if (not self.config.dialog.prefill_during_speech or not committed or self.replying
+                or self._early is not None or (self._warm is not None and not self._warm.done())):
+            return
+        self._warm = self.assistant.spawn(self.conversation.warm(committed))
 
     def _start_early(self, text: str) -> None:
         """The user paused and the transcript covers all their speech: start the reply now, while the end of the
