@@ -81,9 +81,12 @@ def test_truncated_and_corrupt_cache_are_rebuilt(tmp_path):
     assert "truncated" in check_cache(folder, full=False)
     folder = models.build_entry(entry, tmp_path)
     assert target.stat().st_size == good and check_cache(folder, full=True) is None
-    with open(target, "r+b") as fh:  # same size, flipped bytes: caught by the checksum (verify / prepare)
+    stamp = target.stat().st_mtime_ns
+    with open(target, "r+b") as fh:  # same size, flipped bytes: the changed mtime makes the cheap check hash it
         fh.seek(1000)
         fh.write(b"\x00" * 64)
+    assert "corrupt" in check_cache(folder, full=False)
+    os.utime(target, ns=(stamp, stamp))  # flipped bytes behind an unchanged stamp: only the full check hashes
     assert check_cache(folder, full=False) is None
     assert "corrupt" in check_cache(folder, full=True)
     folder = models.build_entry(entry, tmp_path, full_check=True)

@@ -18,7 +18,7 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voice.config import Config
 from voice.endpointing import TurnModel
@@ -28,13 +28,16 @@ from voice.listener import Listener
 from voice.session import Session
 from voice.tasks import Tasks, cancel_and_wait
 
+if TYPE_CHECKING:
+    from voice.tts import SpeechSynthesizer
+
 log = logging.getLogger("specvoice.assistant")
 
 
 class Assistant:
     """Every model, loaded once; many sessions share it."""
 
-    def __init__(self, config: Config, engine: Any, stt: Any, tts: Any, vad_path: str,
+    def __init__(self, config: Config, engine: Any, stt: Any, tts: SpeechSynthesizer, vad_path: str,
                  wake_dir: str | None = None, workers: dict[str, ThreadPoolExecutor] | None = None,
                  turn_model: TurnModel | None = None) -> None:
         self.config = config

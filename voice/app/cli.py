@@ -162,7 +162,8 @@ def _main(argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
-        print("usage: specvoice bench {llm,speech,pipeline} [flags]   (`specvoice bench llm --help`: its flags)",
+        print("usage: specvoice bench {llm,speech,pipeline,soak,frontend} [flags]   "
+              "(`specvoice bench llm --help`: its flags)",
               file=sys.stdout if asked else sys.stderr)
         return 0 if asked else 2
     try:
