@@ -190,20 +190,22 @@ class Conversation(ChatHistory):
         if before_len is not None:
             self._exchange_tokens = (self._exchange_tokens + [len(self.prompt_ids()) - before_len])[-4:]
 
-    async def warm(self) -> int:
+    async def warm(self, user_start: str = "") -> int:
         """Prefill both caches with what every next prompt starts with (system prompt and history, up to the
         next user message), so the next turn's time to first token pays only for the user's words. If the next
         turn would cross the history budget, trim now (see the module docstring), so the prefill after the trim
         happens here, while nobody waits. Runs in chunks and stops when a reply starts. Returns the number of
-        tokens now cached. Safe to skip: it only moves work earlier."""
+        tokens now cached. Safe to skip: it only moves work earlier. ``user_start``: the words of the next user
+        message already known (committed while the user still speaks): the open user turn is prefilled up to
+        them, so the reply after the end of the turn prefills only the rest."""
         if self._busy:
             return 0
         margin = max(self._exchange_tokens, default=64)
         if len(self.messages) > 2:
             kept, _ = self._trim(self.messages, self.history_tokens - margin, 2)
             self.messages[:] = kept
-        one = self.prompt_ids(self.messages + [{"role": "user", "content": "a"}])
-        two = self.prompt_ids(self.messages + [{"role": "user", "content": "b c"}])
+        one = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} a".lstrip()}])
+        two = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} b c".lstrip()}])
         prefix = one[:common_prefix(one, two)]
         if len(prefix) < 2:
             return 0

@@ -227,7 +227,7 @@ class RemoteConversation(ChatHistory):
             del messages[first:first + (2 if len(messages) - first > 2 else 1)]
         return messages
 
-    async def warm(self) -> int:
+    async def warm(self, user_start: str = "") -> int:
         """Nothing to prefill here: the server keeps its own prefix cache (vLLM: --enable-prefix-caching)."""
         return 0
 

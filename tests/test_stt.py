@@ -9,7 +9,7 @@ import pytest
 from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
 from voice.config import STTConfig, load_config
 from voice.models import ModelError, resolve
-from voice.stt import SpeechToText
+from voice.stt import SpeechToText, Word
 
 WER_BOUND_TINY = 0.10  # aggregate over 12 utterances; measured 0.0-0.03 on this machine
 WER_BOUND_BASE = 0.10
@@ -80,6 +80,53 @@ async def test_final_reuses_the_last_pass_when_only_silence_followed(stt):
     passes = stt.passes
     assert wer("Play some quiet music in the living room.", await stream2.final()) == 0.0
     assert stt.passes == passes + 1
+
+
+def committed_stream(stt, *words: tuple[str, float, float]):
+    """A stream whose committed words are ``words`` (text, start, end), as two agreeing passes would leave it."""
+    stream = stt.stream()
+    stream._committed = [Word(text, start, end) for text, start, end in words]
+    return stream
+
+
+def test_a_pass_that_reads_the_start_differently_keeps_the_words_after_the_committed_ones(stt):
+    stream = committed_stream(stt, (" What", 0.0, 0.3), (" is", 0.3, 0.5), (" the", 0.5, 0.7))
+    # the new pass merges the first two words and puts the rest a little earlier than the earlier passes did
+    new = [Word(" What's", 0.0, 0.45), Word(" the", 0.45, 0.6), Word(" capital", 0.6, 1.0),
+           Word(" of", 1.0, 1.1), Word(" France?", 1.1, 1.5)]
+    assert [w.text for w in stream._after_committed(new)] == [" capital", " of", " France?"]
+    # no copy of the committed ending: by time, never doubling a word
+    assert [w.text for w in stream._after_committed([Word(" Whats", 0.0, 0.5), Word(" capital", 0.66, 1.0)])] \
+        == [" capital"]
+
+
+def test_the_words_before_a_pause_leave_out_what_whisper_invents_in_the_silence(stt):
+    stream = committed_stream(stt, (" Set", 0.0, 0.4), (" a", 0.4, 0.5), (" timer", 0.5, 0.9))
+    stream._previous = [Word(" for", 0.9, 1.1), Word(" it.", 1.2, 1.3)]
+    assert stream.text == "Set a timer for it."
+    assert stream.text_before(1.15) == "Set a timer for"
+
+
+async def test_partials_and_finals_decode_with_their_own_beam(small_config):
+    settings = STTConfig(**{**small_config.stt.model_dump(), "beam_size": 3, "partial_beam_size": 1})
+    stt = SpeechToText(resolve(small_config.models.stt, "stt"), settings)
+    beams: list[int | None] = []
+    decode = stt.decode
+
+    def recording_decode(audio, prompt=None, beam_size=None):  # the real decode, with its beam noted
+        beams.append(beam_size or stt.settings.beam_size)
+        return decode(audio, prompt, beam_size)
+
+    stt.decode = recording_decode  # type: ignore[method-assign]
+    speech = espeak("Play some quiet music in the living room.")
+    stream = stt.stream()
+    stream.add(speech[: len(speech) // 2])
+    await stream.partial()
+    stream.add(speech[len(speech) // 2:])
+    await stream.partial(final_beam=True)  # the pass at a pause: it may become the final
+    stream.add(speech[:4000])  # more speech: the final needs its own pass
+    await stream.final()
+    assert beams == [1, 3, 3]
 
 
 async def test_no_new_audio_gives_no_partial(stt):

@@ -100,13 +100,16 @@ class DialogConfig(_Section):
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
     early_reply: bool = Field(True, description="start generating when the user pauses, before the endpoint; "
                                                 "spoken only if the final transcript is the same, else dropped")
+    prefill_during_speech: bool = Field(True, description="prefill the LLM caches with the committed words while "
+                                                          "the user still speaks (between Whisper passes)")
 
 
 class STTConfig(_Section):
     language: str | None = "en"
     device: str = "cpu"
     compute_type: str = "int8"
-    beam_size: int = Field(1, ge=1)
+    beam_size: int = Field(1, ge=1, description="beam of every pass that can become the final transcript")
+    partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
     backend: Literal["local", "wyoming"] = Field("local", description="wyoming: transcribe on a Wyoming asr "

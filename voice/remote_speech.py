@@ -140,8 +140,18 @@ class RemoteTranscription:
     def nothing_new(self) -> bool:
         return False
 
-    async def partial(self) -> str | None:
-        """The words the server has sent while the audio streams; None when nothing changed since last asked."""
+    @property
+    def elapsed(self) -> float:
+        return self.duration
+
+    def text_before(self, t: float) -> str:
+        """The words before ``t``: the server sends no word times, so all of them."""
+        return self.text
+
+    async def partial(self, *, style: str | None = None, final_beam: bool = False,
+                      min_new_s: float = 0.0) -> str | None:
+        """The words the server has sent while the audio streams; None when nothing changed since last asked.
+        The Listener's hints for a local pass (prompt, beam, minimum new audio) mean nothing here."""
         text = self.text
         if not text or text == self._reported:
             return None

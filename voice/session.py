@@ -146,6 +146,7 @@ class Session:
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
+            self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
             self._start_early(event.text)
         elif isinstance(event, SpeechResumed):
@@ -159,9 +160,20 @@ class Session:
         trace, self._listen_trace = self._listen_trace or self._new_trace(), None
         for mark, t in (("speech_start", u.speech_start), ("speech_end", u.speech_end), ("endpoint", u.endpoint)):
             trace.mark(mark, self.listener.arrival(t))  # the wall clock, as every later mark
+        trace.extra["end_of_turn"] = {"rule": self.listener.end_of_turn, "reason": u.reason,
+                                      "probability": u.probability}
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
+
+    def _prefill(self, committed: str) -> None:
+        """Work during speech: the committed words (they never change) go into the LLM caches now, right after
+        the Whisper pass that committed them, so the reply at the end of the turn prefills only the rest. One
+        prefill at a time, none while a reply runs; it yields to a reply at its next chunk."""
+        if (not self.config.dialog.prefill_during_speech or not committed or self.replying
+                or self._early is not None or (self._warm is not None and not self._warm.done())):
+            return
+        self._warm = self.assistant.spawn(self.conversation.warm(committed))
 
     def _start_early(self, text: str) -> None:
         """The user paused and the transcript covers all their speech: start the reply now, while the end of the
@@ -171,6 +183,11 @@ class Session:
             return
         self._early = EarlyReply(self.ctx, text, on_adopt=self._count_adopted)
         self.early_replies["started"] += 1
+
+    @property
+    def early_reply(self) -> EarlyReply | None:
+        """The reply started on the pause transcript and not yet adopted or dropped, if any."""
+        return self._early
 
     def _count_adopted(self) -> None:
         self.early_replies["adopted"] += 1

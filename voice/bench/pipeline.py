@@ -60,6 +60,7 @@ async def bench(config, argv: list[str]) -> int:
                 rows[mode].append({"stages_ms": done.trace["stages_ms"], "marks_ms": done.trace["marks_ms"],
                                    "transcript": done.transcript, "reply": done.reply,
                                    "early_reply": bool(done.trace.get("early_reply")),
+                                   "end_of_turn": done.trace.get("end_of_turn"),
                                    "tokens_per_s": decoder.get("tokens_per_s"), "ttft_s": decoder.get("ttft_s")})
     summary = {mode: {s: percentiles([r["stages_ms"][s] for r in rs if s in r["stages_ms"]]) for s in STAGES}
                for mode, rs in rows.items()}
@@ -73,6 +74,8 @@ async def bench(config, argv: list[str]) -> int:
     for mode, rs in rows.items():
         print(f"{mode}: {sum(r['early_reply'] for r in rs)} of {len(rs)} replies started early (on the pause "
               f"transcript, before the endpoint)")
+        ends = [f"{(r['end_of_turn'] or {}).get('rule')}/{(r['end_of_turn'] or {}).get('reason')}" for r in rs]
+        print(f"{mode}: turns ended by " + ", ".join(f"{e} x{ends.count(e)}" for e in sorted(set(ends))))
     spec, base = summary["speculative"], summary["target alone"]
     for stage in ("voice_to_voice", "reply_total"):
         if spec[stage].get("p50") and base[stage].get("p50"):
