@@ -42,10 +42,12 @@ class Engine(Protocol):
 
     def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int: ...
 
-    def generation(self, prompt: list[int], settings: DecodeSettings, target: CachedLM,
-                   draft: CachedLM | None) -> Generation: ...
+    def generation(
+        self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
+    ) -> Generation: ...
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
 
 log = logging.getLogger("specvoice.llm")
 
@@ -75,9 +77,12 @@ class Conversation(ChatHistory):
         return len(self._target.ids), (len(self._draft.ids) if self._draft is not None else None)
 
     def prompt_ids(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
-        ids = self.engine.tokenizer.apply_chat_template(messages if messages is not None else self.messages,
-                                                        tools=self.tools or None, add_generation_prompt=True,
-                                                        tokenize=True)
+        ids = self.engine.tokenizer.apply_chat_template(
+            messages if messages is not None else self.messages,
+            tools=self.tools or None,
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -95,14 +100,15 @@ class Conversation(ChatHistory):
         dropped = False
         while len(prompt) > min(low, limit) and len(messages) - first > keep:
             drop = 2 if len(messages) - first > keep + 1 else 1
-            del messages[first:first + drop]
+            del messages[first : first + drop]
             prompt = self.prompt_ids(messages)
             dropped = True
         self.trims += dropped
         return messages, prompt
 
-    async def reply(self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
-                    ) -> AsyncIterator[Emission]:
+    async def reply(
+        self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
+    ) -> AsyncIterator[Emission]:
         """Stream the accepted reply to ``user_text`` (None: to the history as it is, e.g. a greeting, or the
         answer after a function's output).
 
@@ -153,7 +159,7 @@ class Conversation(ChatHistory):
                     full = self.engine.tokenizer.decode(tokens, skip_special_tokens=skip_special)
                     if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the next token
                         continue
-                    piece, text = full[len(text):], full
+                    piece, text = full[len(text) :], full
                     self._pending_reply = text if not commit else ""
                     streamed = True
                     yield Emission(piece, pending, gen.records[-1].t)
@@ -206,7 +212,7 @@ class Conversation(ChatHistory):
             self.messages[:] = kept
         one = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} a".lstrip()}])
         two = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} b c".lstrip()}])
-        prefix = one[:common_prefix(one, two)]
+        prefix = one[: common_prefix(one, two)]
         if len(prefix) < 2:
             return 0
         chunk = self.engine.settings.prefill_chunk or len(prefix)
@@ -246,4 +252,3 @@ class Conversation(ChatHistory):
                     self._draft.keep_prefix_of(keep)
             finally:
                 self.engine.lock.release()
-

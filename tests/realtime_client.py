@@ -19,8 +19,10 @@ from broker import free_port
 from serving import serving
 
 WIRE = 24000
-SDK_EVENTS = {get_args(cls.model_fields["type"].annotation)[0]: cls
-              for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])}
+SDK_EVENTS = {
+    get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])
+}
 try:
     from pipecat.services.openai.realtime.events import parse_server_event as pipecat_parse
 except ImportError:  # the check is skipped where pipecat is not installed
@@ -62,8 +64,9 @@ class Client:
     async def send(self, **event: Any) -> None:
         await self.ws.send(json.dumps(event))
 
-    async def until(self, kind: str, timeout: float = 150.0,
-                    where: Callable[[dict[str, Any]], bool] = lambda e: True) -> list[dict[str, Any]]:
+    async def until(
+        self, kind: str, timeout: float = 150.0, where: Callable[[dict[str, Any]], bool] = lambda e: True
+    ) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         async with asyncio.timeout(timeout):
             while True:
@@ -78,8 +81,10 @@ class Client:
         return (await self.until("error", 30))[-1]["error"]
 
     async def text_turn(self, text: str, **response: Any) -> list[dict[str, Any]]:
-        await self.send(type="conversation.item.create", item={
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]})
+        await self.send(
+            type="conversation.item.create",
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]},
+        )
         await self.send(type="response.create", **({"response": response} if response else {}))
         return await self.until("response.done")
 

@@ -13,17 +13,34 @@ import pytest
 from voice.app.cli import COMMANDS
 
 ROOT = Path(__file__).resolve().parent.parent
-HELP_COMMANDS = ["", "config", "config show", "config check", "models", "models list", "models prepare",
-                 "models verify", *sorted({key.split()[0] for key in COMMANDS} - {"bench"}), "bench",
-                 *sorted(key for key in COMMANDS if key.startswith("bench "))]
+HELP_COMMANDS = [
+    "",
+    "config",
+    "config show",
+    "config check",
+    "models",
+    "models list",
+    "models prepare",
+    "models verify",
+    *sorted({key.split()[0] for key in COMMANDS} - {"bench"}),
+    "bench",
+    *sorted(key for key in COMMANDS if key.startswith("bench ")),
+]
 
 
 def specvoice(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.CompletedProcess:
     environ = {key: value for key, value in os.environ.items() if not key.startswith("SPECVOICE_")}
     environ.update({"PYTHONPATH": str(ROOT), **(env or {})})
     kwargs.setdefault("stdout", subprocess.PIPE)
-    return subprocess.run([sys.executable, "-m", "voice.app.cli", *args], stderr=subprocess.PIPE, text=True,
-                          env=environ, timeout=120, cwd="/", **kwargs)
+    return subprocess.run(
+        [sys.executable, "-m", "voice.app.cli", *args],
+        stderr=subprocess.PIPE,
+        text=True,
+        env=environ,
+        timeout=120,
+        cwd="/",
+        **kwargs,
+    )
 
 
 def one_clear_line(result: subprocess.CompletedProcess, *words: str) -> None:
@@ -65,13 +82,21 @@ def test_closed_pipe_is_quiet():
 
 def test_closed_pipe_through_a_shell():
     environ = {**os.environ, "PYTHONPATH": str(ROOT)}
-    result = subprocess.run(f"{sys.executable} -m voice.app.cli config show | head -1", shell=True,
-                            capture_output=True, text=True, env=environ, timeout=120, cwd="/")
+    result = subprocess.run(
+        f"{sys.executable} -m voice.app.cli config show | head -1",
+        shell=True,
+        capture_output=True,
+        text=True,
+        env=environ,
+        timeout=120,
+        cwd="/",
+    )
     assert result.stdout.strip() == "[models]" and result.stderr == ""
 
 
-@pytest.mark.parametrize("how", [["--set", "mqtt.node_id=kitchen speaker"], ["--set", "mqtt.node_id=a/b"]],
-                         ids=["space", "slash"])
+@pytest.mark.parametrize(
+    "how", [["--set", "mqtt.node_id=kitchen speaker"], ["--set", "mqtt.node_id=a/b"]], ids=["space", "slash"]
+)
 def test_bad_node_id_is_one_line_and_exit_2(how):
     one_clear_line(specvoice(*how, "config", "show"), "mqtt.node_id")
 

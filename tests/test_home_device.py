@@ -44,13 +44,30 @@ def pactl(env: dict[str, str], *args: str) -> None:
 def pulse_env(tmp_path_factory):
     """The environment of a private PulseAudio server (its own socket; no other PulseAudio is touched)."""
     run = tmp_path_factory.mktemp("pulse")
-    env = {**os.environ, "PULSE_RUNTIME_PATH": str(run), "PULSE_STATE_PATH": str(run),
-           "PULSE_SERVER": f"unix:{run / 'native'}"}
-    subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
-                    "--load=module-null-sink sink_name=spk", "--load=module-null-sink sink_name=room",
-                    "--load=module-null-sink sink_name=spk2", "--load=module-null-sink sink_name=room2",
-                    f"--load=module-native-protocol-unix socket={run / 'native'}", "--load=module-always-sink"],
-                   check=True, capture_output=True, env=env, timeout=30)
+    env = {
+        **os.environ,
+        "PULSE_RUNTIME_PATH": str(run),
+        "PULSE_STATE_PATH": str(run),
+        "PULSE_SERVER": f"unix:{run / 'native'}",
+    }
+    subprocess.run(
+        [
+            "pulseaudio",
+            "--daemonize=yes",
+            "--exit-idle-time=-1",
+            "-n",
+            "--load=module-null-sink sink_name=spk",
+            "--load=module-null-sink sink_name=room",
+            "--load=module-null-sink sink_name=spk2",
+            "--load=module-null-sink sink_name=room2",
+            f"--load=module-native-protocol-unix socket={run / 'native'}",
+            "--load=module-always-sink",
+        ],
+        check=True,
+        capture_output=True,
+        env=env,
+        timeout=30,
+    )
     for _ in range(100):
         if subprocess.run(["pactl", "info"], capture_output=True, env=env).returncode == 0:
             break
@@ -64,25 +81,67 @@ def pulse_env(tmp_path_factory):
 class Device:
     """The `specvoice run` process, the broker, and everything published under the prefix (mosquitto_sub)."""
 
-    def __init__(self, workdir: Path, pulse_env: dict[str, str], *, settings: tuple[str, ...] = (),
-                 serve: bool = False, speaker: str = "spk", room: str = "room") -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        pulse_env: dict[str, str],
+        *,
+        settings: tuple[str, ...] = (),
+        serve: bool = False,
+        speaker: str = "spk",
+        room: str = "room",
+    ) -> None:
         """``speaker`` and ``room``: this device's own null sinks (two devices must not hear each other)."""
         self.workdir, self.pulse_env, self.speaker, self.room = workdir, pulse_env, speaker, room
         self.broker = Broker(workdir / "broker")
         self.broker.start()
         self.messages_file = workdir / "messages.txt"
-        self.sub = subprocess.Popen(["stdbuf", "-oL", "mosquitto_sub", "-h", Broker.host, "-p",
-                                     str(self.broker.port), "-v", "-t", f"{PREFIX}/#", "-t", "homeassistant/#"],
-                                    stdout=self.messages_file.open("w"), stderr=subprocess.DEVNULL)
+        self.sub = subprocess.Popen(
+            [
+                "stdbuf",
+                "-oL",
+                "mosquitto_sub",
+                "-h",
+                Broker.host,
+                "-p",
+                str(self.broker.port),
+                "-v",
+                "-t",
+                f"{PREFIX}/#",
+                "-t",
+                "homeassistant/#",
+            ],
+            stdout=self.messages_file.open("w"),
+            stderr=subprocess.DEVNULL,
+        )
         env = {key: value for key, value in pulse_env.items() if not key.startswith("SPECVOICE_")}
         env.update({"PYTHONPATH": str(ROOT), "PULSE_SINK": speaker, "PULSE_SOURCE": f"{room}.monitor"})
         self.log = workdir / "device.log"
-        settings = ["mqtt.enabled=true", f"mqtt.port={self.broker.port}", "mqtt.node_id=hometest",
-                    "audio.input_device=pulse", "audio.output_device=pulse", "audio.latency=0.25", *settings]
-        self.proc = subprocess.Popen([sys.executable, "-m", "voice.app.cli", "-c", "small",
-                                      *(x for s in settings for x in ("--set", s)), "run",
-                                      *(["--serve"] if serve else [])],
-                                     stdout=self.log.open("w"), stderr=subprocess.STDOUT, env=env, cwd=workdir)
+        settings = [
+            "mqtt.enabled=true",
+            f"mqtt.port={self.broker.port}",
+            "mqtt.node_id=hometest",
+            "audio.input_device=pulse",
+            "audio.output_device=pulse",
+            "audio.latency=0.25",
+            *settings,
+        ]
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "voice.app.cli",
+                "-c",
+                "small",
+                *(x for s in settings for x in ("--set", s)),
+                "run",
+                *(["--serve"] if serve else []),
+            ],
+            stdout=self.log.open("w"),
+            stderr=subprocess.STDOUT,
+            env=env,
+            cwd=workdir,
+        )
 
     def messages(self) -> list[tuple[str, str]]:
         out = []
@@ -100,12 +159,28 @@ class Device:
                     return payload
             assert self.proc.poll() is None, f"the device exited ({self.proc.returncode}): {self.log.read_text()}"
             time.sleep(0.1)
-        raise AssertionError(f"nothing on {topic} within {timeout}s; got {self.messages()[after:]}\n"
-                             f"{self.log.read_text()[-3000:]}")
+        raise AssertionError(
+            f"nothing on {topic} within {timeout}s; got {self.messages()[after:]}\n{self.log.read_text()[-3000:]}"
+        )
 
     def publish(self, topic: str, payload: str) -> None:
-        subprocess.run(["mosquitto_pub", "-h", Broker.host, "-p", str(self.broker.port), "-q", "1",
-                        "-t", f"{PREFIX}/{topic}", "-m", payload], check=True, timeout=30)
+        subprocess.run(
+            [
+                "mosquitto_pub",
+                "-h",
+                Broker.host,
+                "-p",
+                str(self.broker.port),
+                "-q",
+                "1",
+                "-t",
+                f"{PREFIX}/{topic}",
+                "-m",
+                payload,
+            ],
+            check=True,
+            timeout=30,
+        )
 
     def record(self) -> Recording:
         return Recording(self.workdir / f"spk-{time.monotonic_ns()}.raw", self.pulse_env, self.speaker)
@@ -138,8 +213,18 @@ class Recording:
         self.path, self.env, self.speaker = path, env, speaker
 
     def __enter__(self) -> Recording:
-        self.proc = subprocess.Popen(["parecord", f"--device={self.speaker}.monitor", "--raw", "--format=s16le",
-                                      f"--rate={RATE}", "--channels=1", str(self.path)], env=self.env)
+        self.proc = subprocess.Popen(
+            [
+                "parecord",
+                f"--device={self.speaker}.monitor",
+                "--raw",
+                "--format=s16le",
+                f"--rate={RATE}",
+                "--channels=1",
+                str(self.path),
+            ],
+            env=self.env,
+        )
         time.sleep(0.5)
         return self
 
@@ -177,8 +262,14 @@ def device(tmp_path_factory, pulse_env):
 def wake_device(tmp_path_factory, pulse_env):
     """A second device: wake word "hey jarvis" and, with --serve, the websocket (and /health) and Wyoming."""
     port, wyoming_port = free_port(), free_port()
-    dev = Device(tmp_path_factory.mktemp("wake"), pulse_env, serve=True, speaker="spk2", room="room2",
-                 settings=("models.wake_word=hey_jarvis", f"server.port={port}", f"wyoming.port={wyoming_port}"))
+    dev = Device(
+        tmp_path_factory.mktemp("wake"),
+        pulse_env,
+        serve=True,
+        speaker="spk2",
+        room="room2",
+        settings=("models.wake_word=hey_jarvis", f"server.port={port}", f"wyoming.port={wyoming_port}"),
+    )
     dev.http_port, dev.wyoming_port = port, wyoming_port
     yield from running(dev)
 
@@ -190,11 +281,23 @@ def stt(small_config):
 
 def test_home_assistant_discovers_the_device_entities(device):
     device.wait_for("homeassistant/event/hometest/event/config", timeout=60)
-    found = {tuple(topic.split("/")[1:4:2]) for topic, _ in device.messages() if topic.startswith("homeassistant/")
-             and topic.endswith("/config") and "/hometest/" in topic}
-    assert found == {("sensor", "state"), ("sensor", "transcript"), ("sensor", "reply"), ("sensor", "latency"),
-                     ("sensor", "acceptance"), ("text", "say"), ("text", "ask"), ("notify", "speak"),
-                     ("button", "stop"), ("event", "event")}
+    found = {
+        tuple(topic.split("/")[1:4:2])
+        for topic, _ in device.messages()
+        if topic.startswith("homeassistant/") and topic.endswith("/config") and "/hometest/" in topic
+    }
+    assert found == {
+        ("sensor", "state"),
+        ("sensor", "transcript"),
+        ("sensor", "reply"),
+        ("sensor", "latency"),
+        ("sensor", "acceptance"),
+        ("text", "say"),
+        ("text", "ask"),
+        ("notify", "speak"),
+        ("button", "stop"),
+        ("event", "event"),
+    }
     configs = {topic: json.loads(payload) for topic, payload in device.messages() if topic.endswith("/config")}
     assert all(c["origin"]["name"] == "specvoice" and c["device"]["sw_version"] for c in configs.values())
 

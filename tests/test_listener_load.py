@@ -55,7 +55,7 @@ async def hear(listener: Listener, audio: np.ndarray) -> list[tuple[str, str]]:
     for i in range(0, len(audio), BLOCK):
         t = t0 + i / SPEECH_RATE
         await asyncio.sleep(max(0.0, t + BLOCK / SPEECH_RATE - time.monotonic()))
-        for event in await listener.accept_chunk(audio[i:i + BLOCK], t):
+        for event in await listener.accept_chunk(audio[i : i + BLOCK], t):
             if isinstance(event, TranscriptPartial):
                 committed = event.committed
             elif isinstance(event, UtteranceEnded):
@@ -73,7 +73,8 @@ async def test_the_final_never_drops_committed_words_on_a_busy_cpu(small_config,
         heard = await hear(listener, np.concatenate([silence[:8000], JOE.speak(text), silence]))
         assert len(heard) == 1, f"one utterance, one final: {heard}"
         committed, final = heard[0]
-        assert normalize_words(final)[:len(normalize_words(committed))] == normalize_words(committed), \
+        assert normalize_words(final)[: len(normalize_words(committed))] == normalize_words(committed), (
             f"the final {final!r} lost committed words {committed!r}"
+        )
         assert wer(text, final) <= 0.25, f"the final {final!r} is not the utterance {text!r}"
     await listener.close()

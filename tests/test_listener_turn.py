@@ -58,15 +58,22 @@ async def play(listener: Listener, audio: np.ndarray) -> tuple[list, list[dict]]
     transcript, how it ended, and whether the final needed a Whisper pass of its own."""
     events, ended = [], []
     for i in range(0, len(audio), BLOCK):
-        for event in await listener.accept_chunk(audio[i:i + BLOCK], T0 + i / SPEECH_RATE):
+        for event in await listener.accept_chunk(audio[i : i + BLOCK], T0 + i / SPEECH_RATE):
             events.append(event)
             if isinstance(event, UtteranceEnded):
                 u = event.utterance
                 passes = listener.stt.passes
                 text = await u.final()
-                ended.append({"text": text, "reason": u.reason, "wait_s": u.endpoint - u.speech_end,
-                              "speech_end": u.speech_end - T0, "final_passes": listener.stt.passes - passes,
-                              "probability": u.probability})
+                ended.append(
+                    {
+                        "text": text,
+                        "reason": u.reason,
+                        "wait_s": u.endpoint - u.speech_end,
+                        "speech_end": u.speech_end - T0,
+                        "final_passes": listener.stt.passes - passes,
+                        "probability": u.probability,
+                    }
+                )
         await listener.settle()
     return events, ended
 
@@ -75,8 +82,9 @@ def words(text: str) -> list[str]:
     return normalize_words(text.replace("...", " "))
 
 
-async def test_a_complete_question_ends_after_a_short_silence_with_its_final_already_done(small_config, stt,
-                                                                                         turn_model):
+async def test_a_complete_question_ends_after_a_short_silence_with_its_final_already_done(
+    small_config, stt, turn_model
+):
     listener = Listener.from_config(small_config, stt, turn_model=turn_model)
     assert listener.end_of_turn == "smart"
     events, ended = await play(listener, request("What is the weather like in Paris?"))
@@ -91,12 +99,14 @@ async def test_a_complete_question_ends_after_a_short_silence_with_its_final_alr
     await listener.close()
 
 
-@pytest.mark.parametrize("first, second, why", [
-    ("What is the weather like in", "Paris?", "the model hears it unfinished"),
-    ("Switch off the", "lamp in the bedroom.", "the words before the pause trail off"),
-])
-async def test_a_request_with_a_pause_inside_is_not_cut_at_the_pause(small_config, stt, turn_model, first, second,
-                                                                    why):
+@pytest.mark.parametrize(
+    "first, second, why",
+    [
+        ("What is the weather like in", "Paris?", "the model hears it unfinished"),
+        ("Switch off the", "lamp in the bedroom.", "the words before the pause trail off"),
+    ],
+)
+async def test_a_request_with_a_pause_inside_is_not_cut_at_the_pause(small_config, stt, turn_model, first, second, why):
     listener = Listener.from_config(small_config, stt, turn_model=turn_model)
     events, ended = await play(listener, request(first, second, pause_s=0.6))
     assert len(ended) == 1, f"cut at the pause ({why}): {ended}"
@@ -106,7 +116,8 @@ async def test_a_request_with_a_pause_inside_is_not_cut_at_the_pause(small_confi
 
 
 async def test_a_pause_the_model_calls_unfinished_cues_an_early_reply_and_the_user_going_on_drops_it(
-        small_config, stt, turn_model):
+    small_config, stt, turn_model
+):
     config = small_config.model_copy(deep=True)
     config.turn.threshold = 0.999  # the model calls every pause unfinished: the turn waits for max_silence
     listener = Listener.from_config(config, stt, turn_model=turn_model)

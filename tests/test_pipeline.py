@@ -11,12 +11,22 @@ import time
 import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE as MIC_RATE
 from audio.resample import resample
 from audio.sinks import WavSink
-from audio.frames import SPEECH_RATE as MIC_RATE
 from voice.assistant import Assistant
-from voice.events import (ReplyAudio, ReplyTextDelta, SpeechStarted, SpeechStopped, State, StateChanged,
-                          TranscriptFinal, TranscriptPartial, TurnDone, TurnError)
+from voice.events import (
+    ReplyAudio,
+    ReplyTextDelta,
+    SpeechStarted,
+    SpeechStopped,
+    State,
+    StateChanged,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnDone,
+    TurnError,
+)
 from voice.latency import MARKS
 
 BLOCK = MIC_RATE // 50  # 20 ms
@@ -36,8 +46,9 @@ def speech(assistant):
 
     def make(text: str) -> np.ndarray:
         if text not in cache:
-            cache[text] = resample(np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate,
-                                   MIC_RATE)
+            cache[text] = resample(
+                np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, MIC_RATE
+            )
         return cache[text]
 
     return make
@@ -89,7 +100,7 @@ class Mic:
 
     async def play(self, samples: np.ndarray, reference=None) -> None:
         for i in range(0, len(samples), BLOCK):
-            block = samples[i:i + BLOCK]
+            block = samples[i : i + BLOCK]
             if len(block) < BLOCK:
                 block = np.pad(block, (0, BLOCK - len(block)))
             ref = None if reference is None else reference(self.t, len(block))
@@ -114,8 +125,9 @@ def open_session(assistant, lockstep: bool = False) -> tuple[Recorder, WavSink, 
 
 
 def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
-    segments, _ = assistant.stt.model.transcribe(resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768,
-                                                 language="en", beam_size=1)
+    segments, _ = assistant.stt.model.transcribe(
+        resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768, language="en", beam_size=1
+    )
     return " ".join(s.text for s in segments).strip()
 
 
@@ -131,8 +143,17 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     answer = transcribe(assistant, sink.audio, assistant.tts_sample_rate)
     assert len(answer.split()) >= 2, f"the spoken answer transcribes back to words: {answer!r}"
     marks = done.trace["marks_ms"]
-    for mark in ("speech_start", "speech_end", "endpoint", "stt_final", "llm_first_token", "first_fragment",
-                 "tts_first_audio", "playback_start", "turn_end"):
+    for mark in (
+        "speech_start",
+        "speech_end",
+        "endpoint",
+        "stt_final",
+        "llm_first_token",
+        "first_fragment",
+        "tts_first_audio",
+        "playback_start",
+        "turn_end",
+    ):
         assert mark in marks, mark
     early = done.trace.get("early_reply", False)  # a reply started on the pause may have its first token sooner
     order = [marks[m] for m in MARKS if m in marks and not (early and m == "llm_first_token")]
@@ -154,8 +175,10 @@ async def test_committed_words_are_prefilled_while_the_user_speaks(assistant, sp
     committed = [e.committed for e in rec.of(TranscriptPartial) if e.committed]
     assert committed and not rec.of(TurnDone), "words were committed while the user was still speaking"
     conversation = session.conversation
-    one, two = (conversation.prompt_ids(conversation.messages + [{"role": "user", "content": f"{committed[-1]}{x}"}])
-                for x in (" a", " b c"))
+    one, two = (
+        conversation.prompt_ids(conversation.messages + [{"role": "user", "content": f"{committed[-1]}{x}"}])
+        for x in (" a", " b c")
+    )
     ready = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)  # up to the committed words
     async with asyncio.timeout(60):  # the prefill runs between Whisper passes; this only bounds a hang
         while conversation.cached_tokens[0] < ready:
@@ -220,8 +243,12 @@ async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, s
     assert turns == [("user", done.transcript), ("assistant", done.reply)], "the guess left no trace in history"
     # the next turn continues from exactly this history (the dropped reply's tokens were cropped from the caches)
     second = await session.ask("Thank you.", speak=False)
-    assert second.reply.strip() and [m["role"] for m in session.history if m["role"] != "system"] == \
-        ["user", "assistant", "user", "assistant"]
+    assert second.reply.strip() and [m["role"] for m in session.history if m["role"] != "system"] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     await session.close()
     sink.close()
 
@@ -271,12 +298,18 @@ async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, momen
         assert played_before == 0 and done.reply == "" and replies == []
     else:
         assert replies == ([done.reply] if done.reply else []), "the history keeps exactly what was heard"
-        assert generated.split()[:len(done.reply.split())] == done.reply.split(), "heard text is a prefix"
+        assert generated.split()[: len(done.reply.split())] == done.reply.split(), "heard text is a prefix"
         assert len(done.reply) < len(generated.strip()), "the unheard rest is gone"
     assert sum(isinstance(e, SpeechStarted) for e in rec.events) == 2
     await mic.silence(1.3)  # the interrupting speech becomes the next turn (max_silence_ms fits)
-    await rec.wait_for(lambda e: isinstance(e, TranscriptFinal) and "stop" in e.text.lower()
-                       or isinstance(e, TranscriptFinal) and "wait" in e.text.lower())
+    await rec.wait_for(
+        lambda e: (
+            isinstance(e, TranscriptFinal)
+            and "stop" in e.text.lower()
+            or isinstance(e, TranscriptFinal)
+            and "wait" in e.text.lower()
+        )
+    )
     await session.close()
     sink.close()
 
@@ -286,7 +319,7 @@ async def test_short_noise_is_not_a_barge_in(assistant, speech):
     session, mic = await _reply_in_progress(assistant, speech, rec, sink, lambda e: isinstance(e, ReplyAudio))
     blip = speech("Mhm.")
     voiced = np.flatnonzero(np.abs(blip) > 500)
-    short = blip[voiced[0]:voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
+    short = blip[voiced[0] : voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
     await mic.play(short)
     await mic.silence(0.5)
     feeder = asyncio.create_task(mic.silence(60.0))
@@ -320,7 +353,7 @@ async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
             return np.zeros(n, np.int16)
         start = start if start is not None else t
         i = int((t - start) * MIC_RATE)
-        return np.pad(played[i:i + n], (0, max(0, n - len(played[i:i + n]))))
+        return np.pad(played[i : i + n], (0, max(0, n - len(played[i : i + n]))))
 
     async def room():
         delay = int(0.06 * MIC_RATE)
@@ -398,8 +431,14 @@ async def test_wake_word_gates_turns(assistant, speech):
 
     config = assistant.config.model_copy(deep=True)
     config.models.wake_word = "hey_jarvis"
-    woken = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path,
-                      str(resolve("hey_jarvis", "wake").path))
+    woken = Assistant(
+        config,
+        assistant.engine,
+        assistant.stt,
+        assistant.tts,
+        assistant.vad_path,
+        str(resolve("hey_jarvis", "wake").path),
+    )
     rec = Recorder()
     session = woken.session(rec)
     mic = Mic(session, speed=2.0)

@@ -35,8 +35,10 @@ async def through_server_input(assistant: Any, fmt: dict, wire: np.ndarray, rate
     """Send ``wire`` (int16 at ``rate``) in irregular appends; return what the session's ears got (16 kHz)."""
     got: list[np.ndarray] = []
     async with realtime(make_config(assistant), assistant) as (client, session):
-        await client.send(type="session.update", session={"type": "realtime", "audio": {
-            "input": {"format": fmt, "turn_detection": None}}})   # manual turns: the VAD stays out of the way
+        await client.send(
+            type="session.update",
+            session={"type": "realtime", "audio": {"input": {"format": fmt, "turn_detection": None}}},
+        )  # manual turns: the VAD stays out of the way
         await client.until("session.updated")
         push = session.push_audio
 
@@ -47,7 +49,7 @@ async def through_server_input(assistant: Any, fmt: dict, wire: np.ndarray, rate
         session.push_audio = tap
         for c in realtime_chunks(len(wire), rate):
             await client.send(type="input_audio_buffer.append", audio=encode(wire[c]))
-        await client.send(type="input_audio_buffer.clear")   # every append is handled once this is answered
+        await client.send(type="input_audio_buffer.clear")  # every append is handled once this is answered
         await client.until("input_audio_buffer.cleared")
     return np.concatenate(got)
 
@@ -57,10 +59,12 @@ async def test_tone_snr_through_the_server_input_path(assistant):
     before = np.concatenate([resample(x[c], WIRE, 16000) for c in realtime_chunks(len(x), WIRE)])
     after = await through_server_input(assistant, {"type": "audio/pcm", "rate": WIRE}, x, WIRE, b64)
     before_db, after_db = snr_db(before, 16000), snr_db(after, 16000)
-    print(f"\n440 Hz tone, 24 kHz pcm appends of 20-100 ms -> the ears (16 kHz): before (a resampler per chunk) "
-          f"{before_db:.1f} dB, after (one per session) {after_db:.1f} dB")
+    print(
+        f"\n440 Hz tone, 24 kHz pcm appends of 20-100 ms -> the ears (16 kHz): before (a resampler per chunk) "
+        f"{before_db:.1f} dB, after (one per session) {after_db:.1f} dB"
+    )
     assert after_db >= 80.0 and before_db < 50.0, (before_db, after_db)
-    assert abs(len(after) - len(x) * 16000 // WIRE) <= 16000 * 0.04   # only the stream's held-back tail is missing
+    assert abs(len(after) - len(x) * 16000 // WIRE) <= 16000 * 0.04  # only the stream's held-back tail is missing
 
 
 async def test_tone_snr_through_the_server_g711_input(assistant):
@@ -71,9 +75,11 @@ async def test_tone_snr_through_the_server_g711_input(assistant):
 
     after = await through_server_input(assistant, {"type": "audio/pcmu"}, x, g711.RATE, ulaw)
     after_db = snr_db(after, 16000)
-    print(f"\n440 Hz tone, G.711 u-law 8 kHz appends -> the ears (16 kHz): {after_db:.1f} dB (G.711 itself: "
-          f"{snr_db(g711.ulaw_decode(g711.ulaw_encode(x)), g711.RATE):.1f} dB)")
-    assert after_db > 33.0, after_db   # the codec's ~38 dB, nothing lost on the way
+    print(
+        f"\n440 Hz tone, G.711 u-law 8 kHz appends -> the ears (16 kHz): {after_db:.1f} dB (G.711 itself: "
+        f"{snr_db(g711.ulaw_decode(g711.ulaw_encode(x)), g711.RATE):.1f} dB)"
+    )
+    assert after_db > 33.0, after_db  # the codec's ~38 dB, nothing lost on the way
 
 
 def test_tone_snr_through_a_response_audio_path():
@@ -84,19 +90,26 @@ def test_tone_snr_through_a_response_audio_path():
     class NoConversation:
         messages: list[dict] = []
 
-    responses = Responses(lambda kind, **f: sent.append({"type": kind, **f}),
-                          Items(NoConversation(), lambda: False, max_items=64, max_chars=1000), "conv", voice_rate)
+    responses = Responses(
+        lambda kind, **f: sent.append({"type": kind, **f}),
+        Items(NoConversation(), lambda: False, max_items=64, max_chars=1000),
+        "conv",
+        voice_rate,
+    )
     x = tone(voice_rate, 3.0)
     chunks = realtime_chunks(len(x), voice_rate)
     responses.open(["audio"], None, WireFormat(), 96)
     for c in chunks:
         responses.audio_delta(x[c])
     responses.close("completed")
-    after = np.concatenate([np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in sent
-                            if e["type"] == "response.output_audio.delta"])
+    after = np.concatenate(
+        [np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in sent if e["type"] == "response.output_audio.delta"]
+    )
     before = np.concatenate([resample(x[c], voice_rate, WIRE) for c in chunks])
     before_db, after_db = snr_db(before, WIRE), snr_db(after, WIRE)
-    print(f"\n440 Hz tone, voice 22.05 kHz -> response deltas at 24 kHz: before {before_db:.1f} dB, "
-          f"after {after_db:.1f} dB")
+    print(
+        f"\n440 Hz tone, voice 22.05 kHz -> response deltas at 24 kHz: before {before_db:.1f} dB, "
+        f"after {after_db:.1f} dB"
+    )
     assert after_db >= 80.0 and before_db < 50.0, (before_db, after_db)
-    assert len(after) == round(len(x) * WIRE / voice_rate)   # the tail is flushed into the last delta
+    assert len(after) == round(len(x) * WIRE / voice_rate)  # the tail is flushed into the last delta

@@ -87,7 +87,7 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
     received: list[dict] = []
     parse = pipecat_events.parse_server_event
 
-    def recording_parse(text):              # every server event pipecat reads, raw (pipecat's own parser runs)
+    def recording_parse(text):  # every server event pipecat reads, raw (pipecat's own parser runs)
         received.append(json.loads(text))
         return parse(text)
 
@@ -109,7 +109,7 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
             first_audio = next(t for t, n, _ in down.seen if n == "TTSAudioRawFrame")
             await asyncio.sleep(max(0.0, first_audio + 1.2 - time.monotonic()))  # "played" for 1.2 s (wall clock)
             session = next(iter(assistant._sessions))
-            await task.queue_frames([InterruptionFrame()])     # pipecat sends conversation.item.truncate
+            await task.queue_frames([InterruptionFrame()])  # pipecat sends conversation.item.truncate
             await wait_until(lambda: kinds("conversation.item.truncated"), 30)
             await wait_until(lambda: kinds("response.done"), 120)
             # straight into the service (the user aggregator would keep it in its own context)
@@ -118,11 +118,13 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
             mark = len(down.seen)
 
             question = "What is your name?"
-            speech = np.concatenate([np.zeros(WIRE // 5, np.int16), espeak_utterance(question, WIRE),
-                                     np.zeros(int(1.5 * WIRE), np.int16)])
-            for i in range(0, len(speech), WIRE // 10):           # 100 ms frames, twice real time
-                await task.queue_frames([InputAudioRawFrame(audio=speech[i:i + WIRE // 10].tobytes(),
-                                                            sample_rate=WIRE, num_channels=1)])
+            speech = np.concatenate(
+                [np.zeros(WIRE // 5, np.int16), espeak_utterance(question, WIRE), np.zeros(int(1.5 * WIRE), np.int16)]
+            )
+            for i in range(0, len(speech), WIRE // 10):  # 100 ms frames, twice real time
+                await task.queue_frames(
+                    [InputAudioRawFrame(audio=speech[i : i + WIRE // 10].tobytes(), sample_rate=WIRE, num_channels=1)]
+                )
                 await asyncio.sleep(0.05)
             await wait_until(lambda: down.named("LLMFullResponseEndFrame", mark) and down.audio_s(mark) > 0, 120)
         finally:
@@ -130,7 +132,7 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
             await asyncio.wait_for(run, 30)
 
     errors = [e["error"] for e in received if e["type"] == "error"]
-    assert errors == [], errors                              # any other error code is fatal to pipecat
+    assert errors == [], errors  # any other error code is fatal to pipecat
     assert not up.named("ErrorFrame"), [str(f.error) for f in up.named("ErrorFrame")]
     # the barge-in: pipecat truncated the first reply's item at what it had played, and the history kept that much
     first = kinds("response.done")[0]["response"]
@@ -140,7 +142,7 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
     full = "".join(e["delta"] for e in kinds("response.output_audio_transcript.delta") if e["item_id"] == item_id)
     kept = next(m["content"] for m in session.history if m["role"] == "assistant")
     assert kept and full.startswith(kept) and len(kept.split()) < len(full.split()), (kept, full)
-    assert first["output"][0]["content"][0]["transcript"] == kept   # the item's transcript is what was heard
+    assert first["output"][0]["content"][0]["transcript"] == kept  # the item's transcript is what was heard
     # pipecat's own item ids came back (it tells its items from the model's by them); the system item was taken
     roles = [m["role"] for m in session.history]
     assert roles[:4] == ["system", "user", "assistant", "system"], roles

@@ -21,16 +21,28 @@ from serving import sdk, serving
 
 pytestmark = pytest.mark.big
 
-WEATHER = {"type": "function", "name": "get_weather", "description": "Get the current weather in a city.",
-           "parameters": {"type": "object", "properties": {"city": {"type": "string", "description": "The city"}},
-                          "required": ["city"]}}
+WEATHER = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "Get the current weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string", "description": "The city"}},
+        "required": ["city"],
+    },
+}
 
 
 @pytest.fixture(scope="module")
 def assistant():
-    config = load_config("configs/default.toml", environ={}, overrides=[
-        "llm.mode=target",  # the target alone: the same greedy text as with the draft, less to load
-        "llm.max_new_tokens=64"])
+    config = load_config(
+        "configs/default.toml",
+        environ={},
+        overrides=[
+            "llm.mode=target",  # the target alone: the same greedy text as with the draft, less to load
+            "llm.max_new_tokens=64",
+        ],
+    )
     return Assistant.load_sync(config)
 
 
@@ -52,26 +64,39 @@ async def test_the_target_model_calls_a_declared_tool_and_answers_from_its_outpu
             await events_until(conn, "session.created")
             await conn.session.update(session={"type": "realtime", "tools": [WEATHER], "output_modalities": ["audio"]})
             await events_until(conn, "session.updated")
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "What's the weather like in Paris right now?"}]})
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "What's the weather like in Paris right now?"}],
+                }
+            )
             await conn.response.create()
             events = await events_until(conn, "response.done")
             done = events[-1]["response"]
             assert done["status"] == "completed", done
-            calls = [e["item"] for e in events if e["type"] == "response.output_item.added"
-                     and e["item"]["type"] == "function_call"]
+            calls = [
+                e["item"]
+                for e in events
+                if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+            ]
             assert [c["name"] for c in calls] == ["get_weather"], events
             args = next(e for e in events if e["type"] == "response.function_call_arguments.done")
             assert args["call_id"] == calls[0]["call_id"]
             assert json.loads(args["arguments"]) == {"city": "Paris"}
             assert done["output"][-1]["type"] == "function_call"
             spoken = "".join(e.get("delta", "") for e in events if e["type"].endswith("transcript.delta"))
-            assert "tool_call" not in spoken and "get_weather" not in spoken   # a call is never spoken
+            assert "tool_call" not in spoken and "get_weather" not in spoken  # a call is never spoken
             assert done["usage"]["output_tokens"] > 0
 
             # the client runs the function and sends its output; the next response answers from it
-            await conn.conversation.item.create(item={"type": "function_call_output", "call_id": args["call_id"],
-                                                      "output": json.dumps({"temperature_c": 18, "sky": "sunny"})})
+            await conn.conversation.item.create(
+                item={
+                    "type": "function_call_output",
+                    "call_id": args["call_id"],
+                    "output": json.dumps({"temperature_c": 18, "sky": "sunny"}),
+                }
+            )
             await conn.response.create(response={"output_modalities": ["text"]})
             events = await events_until(conn, "response.done")
             done = events[-1]["response"]
@@ -79,5 +104,6 @@ async def test_the_target_model_calls_a_declared_tool_and_answers_from_its_outpu
             answer = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
             print("answer after the tool:", answer)
             assert "18" in answer or "sunny" in answer.lower(), answer
-            assert not [e for e in events if e["type"] == "response.output_item.added"
-                        and e["item"]["type"] == "function_call"]
+            assert not [
+                e for e in events if e["type"] == "response.output_item.added" and e["item"]["type"] == "function_call"
+            ]

@@ -80,8 +80,15 @@ SYSTEM_EXPOSURE_MAX, USER_EXPOSURE_MAX = 1.5, 3.0  # the README states the measu
 
 def exposure(unit: Path, *, user: bool, env: dict[str, str]) -> float:
     """systemd's own sandbox score (0 = locked down, 10 = none), computed offline from the unit file."""
-    cmd = ["systemd-analyze", *(["--user"] if user else []), "security", "--offline=true", "--no-pager",
-           "--threshold=100", str(unit)]
+    cmd = [
+        "systemd-analyze",
+        *(["--user"] if user else []),
+        "security",
+        "--offline=true",
+        "--no-pager",
+        "--threshold=100",
+        str(unit),
+    ]
     result = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, **env}, timeout=60)
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr
     match = re.search(r"Overall exposure level for specvoice\.service: (\d+\.\d+)", result.stdout)
@@ -111,9 +118,23 @@ def test_exposure_check_can_fail(tmp_path):
     """The score above is read, not assumed: the same unit without its hardening scores far worse."""
     exe = tmp_path / "specvoice"
     fake_executable(exe)
-    bare = [line for line in SYSTEM_UNIT.read_text().splitlines()
-            if not line.startswith(("Protect", "Private", "Restrict", "SystemCall", "Capability", "DynamicUser",
-                                    "IPAddress", "NoNewPrivileges", "Device"))]
+    bare = [
+        line
+        for line in SYSTEM_UNIT.read_text().splitlines()
+        if not line.startswith(
+            (
+                "Protect",
+                "Private",
+                "Restrict",
+                "SystemCall",
+                "Capability",
+                "DynamicUser",
+                "IPAddress",
+                "NoNewPrivileges",
+                "Device",
+            )
+        )
+    ]
     unit = tmp_path / "specvoice.service"
     unit.write_text("\n".join(bare).replace("/opt/specvoice/bin/specvoice", str(exe)))
     assert exposure(unit, user=False, env={}) > 5
@@ -171,8 +192,13 @@ def test_units_run_serve_as_a_notify_service_with_watchdog_and_hardening(path):
     assert int(s["WatchdogSec"][0]) >= 10
     assert shlex.split(s["ExecStart"][0])[1:] == ["serve"] and "serve" in COMMANDS
     assert shlex.split(s["ExecStartPre"][0])[1:] == ["models", "prepare"]
-    for key, value in [("NoNewPrivileges", "yes"), ("ProtectSystem", "strict"), ("PrivateTmp", "yes"),
-                       ("StateDirectory", "specvoice"), ("CacheDirectory", "specvoice")]:
+    for key, value in [
+        ("NoNewPrivileges", "yes"),
+        ("ProtectSystem", "strict"),
+        ("PrivateTmp", "yes"),
+        ("StateDirectory", "specvoice"),
+        ("CacheDirectory", "specvoice"),
+    ]:
         assert s[key] == [value], key
     assert s["ProtectHome"][0] in ("yes", "read-only")
     families = s["RestrictAddressFamilies"][0].split()
@@ -214,6 +240,7 @@ def test_environment_example_is_a_valid_config(tmp_path):
 
 
 # ---- sd_notify ---------------------------------------------------------------------------------------------
+
 
 @pytest.fixture
 def notify_socket(tmp_path, monkeypatch):
@@ -267,9 +294,11 @@ async def test_watchdog_pings_at_half_the_interval(notify_socket, monkeypatch):
     assert pings == [b"WATCHDOG=1"] * 3
 
 
-@pytest.mark.parametrize("env", [{}, {"WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"},
-                                 {"WATCHDOG_USEC": "soon"}, {"WATCHDOG_USEC": "0"}],
-                         ids=["unset", "other-pid", "malformed", "zero"])
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"WATCHDOG_USEC": "200000", "WATCHDOG_PID": "1"}, {"WATCHDOG_USEC": "soon"}, {"WATCHDOG_USEC": "0"}],
+    ids=["unset", "other-pid", "malformed", "zero"],
+)
 async def test_watchdog_returns_at_once_when_not_asked_for(notify_socket, monkeypatch, env):
     for key, value in env.items():
         monkeypatch.setenv(key, value)

@@ -15,18 +15,21 @@ FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "P
 
 def run(text: str, step: int, names: set[str] | None = None) -> tuple[str, ToolCallParser]:
     parser = ToolCallParser(names if names is not None else {"get_weather"})
-    out = "".join(parser.push(text[i:i + step]) for i in range(0, len(text), step)) + parser.flush()
+    out = "".join(parser.push(text[i : i + step]) for i in range(0, len(text), step)) + parser.flush()
     return out, parser
 
 
 @pytest.mark.parametrize("step", [1, 2, 5, 1000])
-@pytest.mark.parametrize("reply, spoken", [
-    (FENCED, ""),
-    (FENCED + " Let me check.", " Let me check."),
-    ('{"name": "get_weather", "arguments": {"city": "Paris"}}', ""),
-    ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', ""),
-    ('Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', "Sure. "),
-])
+@pytest.mark.parametrize(
+    "reply, spoken",
+    [
+        (FENCED, ""),
+        (FENCED + " Let me check.", " Let me check."),
+        ('{"name": "get_weather", "arguments": {"city": "Paris"}}', ""),
+        ('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>', ""),
+        ('Sure. <tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>', "Sure. "),
+    ],
+)
 def test_a_call_is_recorded_and_never_spoken(reply, spoken, step):
     out, parser = run(reply, step)
     assert out == spoken
@@ -34,15 +37,19 @@ def test_a_call_is_recorded_and_never_spoken(reply, spoken, step):
 
 
 @pytest.mark.parametrize("step", [1, 3, 1000])
-@pytest.mark.parametrize("reply", [
-    "It is sunny in Paris.",
-    '{"a": 1} is a JSON object.',
-    "`code` and ``more``",
-    "```python\nprint(1)\n```",
-    '{"name": "launch_rockets", "arguments": {}}',  # not a declared function: text
-    '{"name": "get_we',  # cut off: text
-    "<tool_", "<tools are fine>",
-])
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "It is sunny in Paris.",
+        '{"a": 1} is a JSON object.',
+        "`code` and ``more``",
+        "```python\nprint(1)\n```",
+        '{"name": "launch_rockets", "arguments": {}}',  # not a declared function: text
+        '{"name": "get_we',  # cut off: text
+        "<tool_",
+        "<tools are fine>",
+    ],
+)
 def test_text_that_is_not_a_call_passes_through_whole(reply, step):
     out, parser = run(reply, step)
     assert out == reply and parser.calls == []
@@ -55,5 +62,8 @@ def test_without_declared_names_only_tagged_calls_count():
 
 def test_the_history_gets_the_call_in_the_templates_form():
     _, parser = run(FENCED, 4)
-    assert call_message("", parser.calls) == {"role": "assistant", "content": "", "tool_calls": [
-        {"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]}
+    assert call_message("", parser.calls) == {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [{"type": "function", "function": {"name": "get_weather", "arguments": {"city": "Paris"}}}],
+    }

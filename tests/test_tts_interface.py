@@ -54,8 +54,9 @@ def test_both_shipped_engines_and_a_stand_in_fit_the_interface(small_config):
 async def tone_assistant(small_config):
     loaded = await Assistant.load(small_config)
     voice = ToneVoice()
-    assistant = Assistant(small_config, loaded.engine, loaded.stt, voice, loaded.vad_path, loaded.wake_dir,
-                          loaded.workers)
+    assistant = Assistant(
+        small_config, loaded.engine, loaded.stt, voice, loaded.vad_path, loaded.wake_dir, loaded.workers
+    )
     yield assistant, voice
     await assistant.close()
 

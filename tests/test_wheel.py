@@ -18,10 +18,23 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-CLEAN_ENV = {key: value for key, value in os.environ.items()
-             if key != "PYTHONPATH" and not key.startswith(("SPECVOICE_", "PIP_"))}
-SKIP = shutil.ignore_patterns(".git", ".venv", "build", "*.egg-info", "__pycache__", "bench-results", "out",
-                              ".pytest_cache", ".mypy_cache", ".ruff_cache")
+CLEAN_ENV = {
+    key: value
+    for key, value in os.environ.items()
+    if key != "PYTHONPATH" and not key.startswith(("SPECVOICE_", "PIP_"))
+}
+SKIP = shutil.ignore_patterns(
+    ".git",
+    ".venv",
+    "build",
+    "*.egg-info",
+    "__pycache__",
+    "bench-results",
+    "out",
+    ".pytest_cache",
+    ".mypy_cache",
+    ".ruff_cache",
+)
 
 
 @pytest.fixture(scope="module")
@@ -31,21 +44,42 @@ def installed(tmp_path_factory) -> Path:
     source = tmp / "src"
     shutil.copytree(ROOT, source, symlinks=True, ignore=SKIP)
     wheels = tmp / "wheels"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", str(source), "--no-deps", "--no-build-isolation",
-                    "-q", "-w", str(wheels)], check=True, timeout=300, cwd=tmp, env=CLEAN_ENV)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            str(source),
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(wheels),
+        ],
+        check=True,
+        timeout=300,
+        cwd=tmp,
+        env=CLEAN_ENV,
+    )
     (wheel,) = wheels.glob("specvoice-*.whl")
     venv = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True, timeout=120)
     site = next((venv / "lib").glob("python3*/site-packages"))
     (site / "_specvoice_deps.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "--no-deps",
-                    "-q", str(wheel)], check=True, timeout=300, env=CLEAN_ENV)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "--python", str(venv / "bin/python"), "install", "--no-deps", "-q", str(wheel)],
+        check=True,
+        timeout=300,
+        env=CLEAN_ENV,
+    )
     return venv / "bin"
 
 
 def run(bin_dir: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
-    return subprocess.run([str(bin_dir / "specvoice"), *args], capture_output=True, text=True, env=CLEAN_ENV,
-                          cwd=cwd, timeout=300)
+    return subprocess.run(
+        [str(bin_dir / "specvoice"), *args], capture_output=True, text=True, env=CLEAN_ENV, cwd=cwd, timeout=300
+    )
 
 
 def test_wheel_carries_the_shipped_configs_and_page(installed):
@@ -57,8 +91,14 @@ def test_wheel_carries_the_shipped_configs_and_page(installed):
 
 
 def test_installed_package_is_imported_from_the_venv_not_the_tree(installed, tmp_path):
-    result = subprocess.run([str(installed / "python"), "-c", "import voice, audio, llm; print(voice.__file__)"],
-                            capture_output=True, text=True, cwd=tmp_path, timeout=120, env=CLEAN_ENV)
+    result = subprocess.run(
+        [str(installed / "python"), "-c", "import voice, audio, llm; print(voice.__file__)"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        timeout=120,
+        env=CLEAN_ENV,
+    )
     assert result.returncode == 0, result.stderr
     assert Path(result.stdout.strip()).is_relative_to(installed.parent)
 

@@ -37,9 +37,17 @@ log = logging.getLogger("specvoice.assistant")
 class Assistant:
     """Every model, loaded once; many sessions share it."""
 
-    def __init__(self, config: Config, engine: Any, stt: Any, tts: SpeechSynthesizer, vad_path: str,
-                 wake_dir: str | None = None, workers: dict[str, ThreadPoolExecutor] | None = None,
-                 turn_model: TurnModel | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Any,
+        stt: Any,
+        tts: SpeechSynthesizer,
+        vad_path: str,
+        wake_dir: str | None = None,
+        workers: dict[str, ThreadPoolExecutor] | None = None,
+        turn_model: TurnModel | None = None,
+    ) -> None:
         self.config = config
         self.engine, self.stt, self.tts = engine, stt, tts
         self.vad_path, self.wake_dir = vad_path, wake_dir
@@ -74,11 +82,21 @@ class Assistant:
         if engine is None:
             target = resolve(m.target, "llm", m.cache_dir).location
             draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
-            engine = Engine.load(target, draft, device=llm.device, dtype=llm.dtype, mode=llm.mode,
-                                 draft_quantize=llm.draft_quantize, draft_vocab=llm.draft_vocab, threads=llm.threads,
-                                 context_limit=llm.context_limit)
-        workers = {kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
-                   for kind in ("stt", "tts", "turn")}
+            engine = Engine.load(
+                target,
+                draft,
+                device=llm.device,
+                dtype=llm.dtype,
+                mode=llm.mode,
+                draft_quantize=llm.draft_quantize,
+                draft_vocab=llm.draft_vocab,
+                threads=llm.threads,
+                context_limit=llm.context_limit,
+            )
+        workers = {
+            kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
+            for kind in ("stt", "tts", "turn")
+        }
         if stt is None:
             stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt, executor=workers["stt"])
         if tts is None:
@@ -86,15 +104,23 @@ class Assistant:
         vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""
         wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path) if m.wake_word else None
         turn_model = TurnModel.load(config, workers["turn"])
-        log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2),
-                                            "target": llm.base_url if llm.backend == "openai" else m.target,
-                                            "draft": draft, "stt": m.stt, "tts": m.tts})
+        log.info(
+            "assistant loaded",
+            extra={
+                "seconds": round(time.monotonic() - started, 2),
+                "target": llm.base_url if llm.backend == "openai" else m.target,
+                "draft": draft,
+                "stt": m.stt,
+                "tts": m.tts,
+            },
+        )
         return cls(config, engine, stt, tts, vad_path, wake_dir, workers, turn_model)
 
     # ---- what sessions are made of -------------------------------------------------------------------------
 
-    def session(self, on_event: EventHandler | None = None, *, sink: Any = None, name: str = "",
-                endpointing: bool = True) -> Session:
+    def session(
+        self, on_event: EventHandler | None = None, *, sink: Any = None, name: str = "", endpointing: bool = True
+    ) -> Session:
         session = Session(self, on_event, sink=sink, name=name, endpointing=endpointing)
         self._sessions.add(session)
         return session
@@ -111,8 +137,14 @@ class Assistant:
 
     def listener(self, *, endpointing: bool = True) -> Listener:
         """A new Listener on the shared STT model, with its own VAD, wake word and echo canceller."""
-        return Listener.from_config(self.config, self.stt, endpointing=endpointing, vad_path=self.vad_path,
-                                    wake_dir=self.wake_dir, turn_model=self.turn_model)
+        return Listener.from_config(
+            self.config,
+            self.stt,
+            endpointing=endpointing,
+            vad_path=self.vad_path,
+            wake_dir=self.wake_dir,
+            turn_model=self.turn_model,
+        )
 
     @property
     def generation_turn(self) -> asyncio.Lock:

@@ -51,8 +51,12 @@ class LLMConfig(_Section):
     mode: Literal["draft", "ngram", "target"] = "draft"
     draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
-    draft_confidence: float | None = Field(None, gt=0.0, lt=1.0, description="draft_length = 'confidence': stop "
-                                           "at this fixed threshold instead of the measured-cost rule")
+    draft_confidence: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="draft_length = 'confidence': stop at this fixed threshold instead of the measured-cost rule",
+    )
     tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
     tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
     draft_quantize: Literal["none", "int8", "int4"] = "int4"
@@ -68,25 +72,38 @@ class LLMConfig(_Section):
     # the remote backend (llm.backend = "openai"): an OpenAI-compatible chat-completions server (vLLM, SGLang,
     # llama.cpp's server, Ollama, transformers serve); the local keys above then only set temperature, top_k,
     # top_p, seed and max_new_tokens, and the server does its own speculative decoding
-    backend: Literal["local", "openai"] = Field("local", description="local: the speculative decoder in this "
-                                                "process; openai: a chat-completions server at llm.base_url")
+    backend: Literal["local", "openai"] = Field(
+        "local",
+        description="local: the speculative decoder in this process; openai: a chat-completions server at llm.base_url",
+    )
     base_url: str | None = Field(None, description="e.g. 'http://gpu-box:8000/v1' (llm.backend = 'openai')")
     api_key: str | None = Field(None, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY")
     remote_model: str | None = Field(None, description="model name in requests; default: the server's first")
-    tokenizer: str | None = Field(None, description="a local tokenizer (model name or folder) to count history "
-                                  "tokens exactly; default: about 4 characters per token")
+    tokenizer: str | None = Field(
+        None,
+        description="a local tokenizer (model name or folder) to count history "
+        "tokens exactly; default: about 4 characters per token",
+    )
     connect_timeout_s: float = Field(3.0, gt=0)
-    first_token_timeout_s: float = Field(10.0, gt=0, description="from the request to the first token, retries "
-                                         "included; also the longest silence allowed between two tokens")
+    first_token_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="from the request to the first token, retries "
+        "included; also the longest silence allowed between two tokens",
+    )
     retries: int = Field(2, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)")
-    metrics_url: str | None = Field(None, description="the server's Prometheus page for its speculative-decoding "
-                                    "counters; default: <base_url host>/metrics; '' = do not scrape")
+    metrics_url: str | None = Field(
+        None,
+        description="the server's Prometheus page for its speculative-decoding "
+        "counters; default: <base_url host>/metrics; '' = do not scrape",
+    )
 
     @model_validator(mode="after")
     def _remote_needs_url(self) -> LLMConfig:
         if self.backend == "openai" and not self.base_url:
-            raise ValueError("llm.backend = 'openai' needs llm.base_url; fix: e.g. "
-                             "llm.base_url = 'http://gpu-box:8000/v1'")
+            raise ValueError(
+                "llm.backend = 'openai' needs llm.base_url; fix: e.g. llm.base_url = 'http://gpu-box:8000/v1'"
+            )
         return self
 
 
@@ -98,10 +115,16 @@ class DialogConfig(_Section):
     history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
     stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
-    early_reply: bool = Field(True, description="start generating when the user pauses, before the endpoint; "
-                                                "spoken only if the final transcript is the same, else dropped")
-    prefill_during_speech: bool = Field(True, description="prefill the LLM caches with the committed words while "
-                                                          "the user still speaks (between Whisper passes)")
+    early_reply: bool = Field(
+        True,
+        description="start generating when the user pauses, before the endpoint; "
+        "spoken only if the final transcript is the same, else dropped",
+    )
+    prefill_during_speech: bool = Field(
+        True,
+        description="prefill the LLM caches with the committed words while "
+        "the user still speaks (between Whisper passes)",
+    )
 
 
 class STTConfig(_Section):
@@ -112,8 +135,11 @@ class STTConfig(_Section):
     partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
-    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: transcribe on a Wyoming asr "
-                                                 "server at stt.uri (another specvoice, wyoming-faster-whisper)")
+    backend: Literal["local", "wyoming"] = Field(
+        "local",
+        description="wyoming: transcribe on a Wyoming asr "
+        "server at stt.uri (another specvoice, wyoming-faster-whisper)",
+    )
     uri: str | None = Field(None, description="tcp://host:port of the Wyoming asr server (stt.backend = 'wyoming')")
     timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the transcript after the audio")
 
@@ -127,11 +153,15 @@ class TTSConfig(_Section):
     speaker_id: int | None = None
     length_scale: float = Field(1.0, gt=0.0)
     first_fragment_chars: int = Field(12, ge=1)
-    first_fragment_words: int = Field(3, ge=0, description="cut the first fragment after this many words if no "
-                                                            "punctuation came yet (0: wait for punctuation)")
+    first_fragment_words: int = Field(
+        3,
+        ge=0,
+        description="cut the first fragment after this many words if no punctuation came yet (0: wait for punctuation)",
+    )
     max_fragment_words: int = Field(30, ge=4)
-    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: speak with a Wyoming tts server "
-                                                 "at tts.uri (another specvoice, wyoming-piper)")
+    backend: Literal["local", "wyoming"] = Field(
+        "local", description="wyoming: speak with a Wyoming tts server at tts.uri (another specvoice, wyoming-piper)"
+    )
     uri: str | None = Field(None, description="tcp://host:port of the Wyoming tts server (tts.backend = 'wyoming')")
     voice: str | None = Field(None, description="wyoming: the server's voice name; default: the server's own")
     timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the first audio of a sentence")
@@ -154,8 +184,10 @@ def _check_uri(section: str, backend: str, uri: str | None) -> None:
     except ValueError:
         port = None
     if parts.scheme != "tcp" or not parts.hostname or port is None:
-        raise ValueError(f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
-                         f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'")
+        raise ValueError(
+            f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
+            f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'"
+        )
 
 
 class VADConfig(_Section):
@@ -175,17 +207,24 @@ class TurnConfig(_Section):
     threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(complete) at or above which the turn ends")
     min_silence_ms: int = Field(200, ge=20, description="silence before the model is asked")
     max_silence_ms: int = Field(1000, ge=100, description="silence that ends the turn whatever the model says")
-    reask_ms: int = Field(0, ge=0, description="after 'incomplete', ask again each time the pause grew this much "
-                                               "(0: once per pause; asking later raises false cuts)")
-    use_transcript: bool = Field(True, description="a transcript ending on 'the', 'and', 'for', '...' vetoes "
-                                                   "'complete'")
+    reask_ms: int = Field(
+        0,
+        ge=0,
+        description="after 'incomplete', ask again each time the pause grew this much "
+        "(0: once per pause; asking later raises false cuts)",
+    )
+    use_transcript: bool = Field(
+        True, description="a transcript ending on 'the', 'and', 'for', '...' vetoes 'complete'"
+    )
     threads: int = Field(1, ge=1, le=8, description="onnxruntime threads for the model")
 
     @model_validator(mode="after")
     def _ordered(self) -> TurnConfig:
         if self.min_silence_ms > self.max_silence_ms:
-            raise ValueError(f"turn.min_silence_ms ({self.min_silence_ms}) is above turn.max_silence_ms "
-                             f"({self.max_silence_ms}); fix: make min_silence_ms the smaller")
+            raise ValueError(
+                f"turn.min_silence_ms ({self.min_silence_ms}) is above turn.max_silence_ms "
+                f"({self.max_silence_ms}); fix: make min_silence_ms the smaller"
+            )
         return self
 
 
@@ -194,7 +233,8 @@ class AudioConfig(_Section):
     output_device: str | int | None = None
     block_ms: int = Field(20, ge=5, le=200)
     latency: Literal["low", "high"] | float = Field(
-        "high", description="device buffering (PortAudio 'low'/'high' or seconds); 'low' underflows on a busy CPU")
+        "high", description="device buffering (PortAudio 'low'/'high' or seconds); 'low' underflows on a busy CPU"
+    )
     echo: Literal["off", "gate", "cancel"] = "cancel"
     echo_filter_ms: int = Field(200, ge=20, le=1000, description="longest speaker-to-mic delay the canceller covers")
 
@@ -294,8 +334,9 @@ def find_config(path: str | Path) -> Path:
     if path.parent == Path(".") and shipped.exists():
         return shipped
     names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-    raise ConfigError(f"config file {path} does not exist; fix: pass an existing file, or a shipped config by "
-                      f"name ({names})")
+    raise ConfigError(
+        f"config file {path} does not exist; fix: pass an existing file, or a shipped config by name ({names})"
+    )
 
 
 def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
@@ -309,8 +350,10 @@ def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
     try:
         entries = sorted(Path(folder).iterdir())
     except OSError as exc:
-        raise ConfigError(f"credentials directory {folder} cannot be read ({exc.strerror}); fix: check the "
-                          "unit's LoadCredential= lines") from None
+        raise ConfigError(
+            f"credentials directory {folder} cannot be read ({exc.strerror}); fix: check the "
+            "unit's LoadCredential= lines"
+        ) from None
     out = []
     for entry in entries:
         dotted = entry.name.removeprefix("specvoice_")
@@ -321,8 +364,10 @@ def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
             out.append((dotted, entry.read_text().rstrip("\r\n")))
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigError(f"credential {entry.name} in {folder} cannot be read ({reason}); fix: point its "
-                              "LoadCredential= line at a readable file holding only the secret") from None
+            raise ConfigError(
+                f"credential {entry.name} in {folder} cannot be read ({reason}); fix: point its "
+                "LoadCredential= line at a readable file holding only the secret"
+            ) from None
     return out
 
 
@@ -333,7 +378,7 @@ def _env_overrides(environ: dict[str, str]) -> list[tuple[str, Any]]:
     out = []
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and "__" in name:
-            dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             out.append((dotted, _parse_value(value)))
     return out
 
@@ -352,8 +397,10 @@ def load_config(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}; fix: correct the syntax at that line") from exc
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read ({exc.strerror}); fix: make it readable by this "
-                          "user (a service reads /etc/specvoice through ConfigurationDirectory=)") from None
+        raise ConfigError(
+            f"config file {path} cannot be read ({exc.strerror}); fix: make it readable by this "
+            "user (a service reads /etc/specvoice through ConfigurationDirectory=)"
+        ) from None
     sources = [str(path)]
     for dotted, value in credential_overrides(environ):
         _set_dotted(tree, dotted, value)

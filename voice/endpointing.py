@@ -51,8 +51,10 @@ class TurnModel:
                 path = str(resolve(config.models.turn, "turn", config.models.cache_dir).path)
             model = SmartTurn(path, threads=config.turn.threads)
         except Exception as exc:  # a missing or broken model must not stop the assistant: the VAD rule still works
-            log.warning("Smart Turn unavailable, turns end by the VAD rule",
-                        extra={"error": str(exc), "fix": "specvoice models prepare smart-turn-v3.2"})
+            log.warning(
+                "Smart Turn unavailable, turns end by the VAD rule",
+                extra={"error": str(exc), "fix": "specvoice models prepare smart-turn-v3.2"},
+            )
             return None
         return cls(model, executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-turn"))
 

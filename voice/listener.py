@@ -91,8 +91,17 @@ ListenEvent = SpeechStarted | TranscriptPartial | PauseHeard | SpeechResumed | U
 class Listener:
     """One audio stream's VAD, streaming transcription and turn ending. Call everything from one event loop."""
 
-    def __init__(self, stt: SpeechToText, vad: Vad | None, *, partial_interval_s: float = 0.6,
-                 max_utterance_s: float = 60.0, wake=None, echo=None, turn: SemanticEnd | None = None) -> None:
+    def __init__(
+        self,
+        stt: SpeechToText,
+        vad: Vad | None,
+        *,
+        partial_interval_s: float = 0.6,
+        max_utterance_s: float = 60.0,
+        wake=None,
+        echo=None,
+        turn: SemanticEnd | None = None,
+    ) -> None:
         self.stt = stt
         self.vad = vad  # None: no endpointing, the caller ends utterances with finish()
         # the semantic end of turn (None: the VAD's end_silence_ms ends turns); its VAD must not end them first
@@ -117,8 +126,16 @@ class Listener:
         self._last_partial = ""
 
     @classmethod
-    def from_config(cls, config: Any, stt: SpeechToText, *, endpointing: bool = True, vad_path: str | None = None,
-                    wake_dir: str | None = None, turn_model: Any = _LOAD) -> Listener:
+    def from_config(
+        cls,
+        config: Any,
+        stt: SpeechToText,
+        *,
+        endpointing: bool = True,
+        vad_path: str | None = None,
+        wake_dir: str | None = None,
+        turn_model: Any = _LOAD,
+    ) -> Listener:
         """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word
         and echo canceller. Model paths are resolved here unless the caller already did (the Assistant).
         ``turn_model``: the loaded Smart Turn (``TurnModel``), None for the VAD rule; by default it is loaded
@@ -135,8 +152,15 @@ class Listener:
             end_silence = v.end_silence_ms if turn is None else config.turn.max_silence_ms + SAFETY_SILENCE_MS
             if v.engine == "silero" and vad_path is None:
                 vad_path = str(resolve(m.vad, "vad", m.cache_dir).path)
-            vad = Vad(vad_path or None, engine=v.engine, threshold=v.threshold, min_speech_ms=v.min_speech_ms,
-                      end_silence_ms=end_silence, preroll_ms=v.preroll_ms, sample_rate=SPEECH_RATE)
+            vad = Vad(
+                vad_path or None,
+                engine=v.engine,
+                threshold=v.threshold,
+                min_speech_ms=v.min_speech_ms,
+                end_silence_ms=end_silence,
+                preroll_ms=v.preroll_ms,
+                sample_rate=SPEECH_RATE,
+            )
             if m.wake_word:
                 from audio.wakeword import WakeWord
 
@@ -147,8 +171,15 @@ class Listener:
                 from audio.echo import EchoSuppressor
 
                 echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
-        return cls(stt, vad, partial_interval_s=config.stt.partial_interval_ms / 1000.0,
-                   max_utterance_s=config.server.max_turn_audio_s, wake=wake, echo=echo, turn=turn)
+        return cls(
+            stt,
+            vad,
+            partial_interval_s=config.stt.partial_interval_ms / 1000.0,
+            max_utterance_s=config.server.max_turn_audio_s,
+            wake=wake,
+            echo=echo,
+            turn=turn,
+        )
 
     @property
     def endpointing(self) -> bool:
@@ -182,15 +213,18 @@ class Listener:
 
     # ---- audio in ----------------------------------------------------------------------------------------------
 
-    async def accept_chunk(self, samples: np.ndarray, t: float | None = None,
-                           reference: np.ndarray | None = None) -> list[ListenEvent]:
+    async def accept_chunk(
+        self, samples: np.ndarray, t: float | None = None, reference: np.ndarray | None = None
+    ) -> list[ListenEvent]:
         """Feed 16 kHz mono int16 audio. ``t``: monotonic time of its first sample (default: contiguous with the
         previous chunk, or ending now). ``reference``: what the speaker played over the same interval, for the
         echo canceller. Returns the events this audio (and any partial pass that finished) decided."""
         samples = np.asarray(samples)
         if samples.dtype != np.int16 or samples.ndim != 1:
-            raise ValueError(f"the listener takes int16 mono samples at {SPEECH_RATE} Hz (got {samples.dtype}, "
-                             f"shape {samples.shape}); fix: convert with audio.resample first")
+            raise ValueError(
+                f"the listener takes int16 mono samples at {SPEECH_RATE} Hz (got {samples.dtype}, "
+                f"shape {samples.shape}); fix: convert with audio.resample first"
+            )
         t = self._stamp(len(samples), t)
         if self.echo is not None:  # always in the path, so its constant buffering delay never jumps
             samples = self.echo.process(samples, reference)
@@ -276,8 +310,13 @@ class Listener:
             ended.utterance.probability = turn.policy.last_probability
             return [ended]
         stream = self._stream
-        if (turn.wait_reason == "incomplete" and turn.has_transcript and not self._paused_heard
-                and stream.nothing_new() and stream.text):
+        if (
+            turn.wait_reason == "incomplete"
+            and turn.has_transcript
+            and not self._paused_heard
+            and stream.nothing_new()
+            and stream.text
+        ):
             self._paused_heard = True
             return [PauseHeard(stream.text)]
         return []
@@ -312,8 +351,9 @@ class Listener:
         assert self._stream is not None
         running, self._pass = self._pass, None  # it belongs to this utterance now: final() waits for it
         self._pass_of = (None, None)
-        utterance = Utterance(self._stream, self._start_t, speech_end, endpoint, cut, running,
-                              reason="cut" if cut else reason)
+        utterance = Utterance(
+            self._stream, self._start_t, speech_end, endpoint, cut, running, reason="cut" if cut else reason
+        )
         self._stream = None
         if cut and self.vad is not None:
             self.vad.reset()  # the VAD starts over: speech that goes on is a new utterance

@@ -25,10 +25,20 @@ import numpy as np
 
 from voice.actions import action_instructions
 from voice.config import Config
-from voice.events import (Event, EventHandler, PauseHeard, SpeechResumed, SpeechStarted, SpeechStopped, State,
-                          StateChanged, TranscriptPartial, TurnDone)
+from voice.events import (
+    Event,
+    EventHandler,
+    PauseHeard,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    State,
+    StateChanged,
+    TranscriptPartial,
+    TurnDone,
+)
 from voice.latency import LatencyStats, LatencyTrace
-from voice.listener import ListenEvent, Listener, Utterance, UtteranceEnded
+from voice.listener import Listener, ListenEvent, Utterance, UtteranceEnded
 from voice.turn import EarlyReply, Turn, TurnContext
 
 log = logging.getLogger("specvoice.session")
@@ -55,8 +65,15 @@ class Host(Protocol):
 class Session:
     """One conversation with its own history, KV caches and listener. Call everything from the event loop."""
 
-    def __init__(self, assistant: Host, on_event: EventHandler | None = None, *, sink: Any = None,
-                 name: str = "", endpointing: bool = True) -> None:
+    def __init__(
+        self,
+        assistant: Host,
+        on_event: EventHandler | None = None,
+        *,
+        sink: Any = None,
+        name: str = "",
+        endpointing: bool = True,
+    ) -> None:
         cfg = assistant.config
         self.assistant = assistant
         self.config = cfg
@@ -66,15 +83,26 @@ class Session:
         self._on_event = on_event or (lambda event: None)
         allowed = {topic: list(payloads) for topic, payloads in cfg.mqtt.allowed_actions.items()}
         self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
-        self.conversation = assistant.engine.conversation(cfg.dialog.system_prompt + self._actions_prompt,
-                                                          cfg.dialog.history_tokens)
+        self.conversation = assistant.engine.conversation(
+            cfg.dialog.system_prompt + self._actions_prompt, cfg.dialog.history_tokens
+        )
         self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
-        self.ctx = TurnContext(conversation=self.conversation, decode=assistant.decode_settings(), tts=assistant.tts,
-                               tts_config=cfg.tts, sink=sink, emit=self.emit, set_state=self._set_state,
-                               generation_lock=assistant.generation_turn, stats=assistant.stats,
-                               turn_timeout_s=cfg.dialog.turn_timeout_s, stt_timeout_s=cfg.dialog.stt_timeout_s,
-                               allowed_actions=allowed, session_id=self.id)
+        self.ctx = TurnContext(
+            conversation=self.conversation,
+            decode=assistant.decode_settings(),
+            tts=assistant.tts,
+            tts_config=cfg.tts,
+            sink=sink,
+            emit=self.emit,
+            set_state=self._set_state,
+            generation_lock=assistant.generation_turn,
+            stats=assistant.stats,
+            turn_timeout_s=cfg.dialog.turn_timeout_s,
+            stt_timeout_s=cfg.dialog.stt_timeout_s,
+            allowed_actions=allowed,
+            session_id=self.id,
+        )
         self._turn_ids = itertools.count(1)
         self._listen_trace: LatencyTrace | None = None
         self._turn: Turn | None = None
@@ -125,8 +153,9 @@ class Session:
 
     # ---- audio in -------------------------------------------------------------------------------------------
 
-    async def push_audio(self, samples: np.ndarray, t: float | None = None,
-                         reference: np.ndarray | None = None) -> None:
+    async def push_audio(
+        self, samples: np.ndarray, t: float | None = None, reference: np.ndarray | None = None
+    ) -> None:
         """Feed microphone audio (int16 mono 16 kHz). ``t``: monotonic time of its first sample (default:
         contiguous with the last push). ``reference``: what the speaker played over the same interval (16 kHz),
         so our own voice never counts as the user's."""
@@ -160,8 +189,11 @@ class Session:
         trace, self._listen_trace = self._listen_trace or self._new_trace(), None
         for mark, t in (("speech_start", u.speech_start), ("speech_end", u.speech_end), ("endpoint", u.endpoint)):
             trace.mark(mark, self.listener.arrival(t))  # the wall clock, as every later mark
-        trace.extra["end_of_turn"] = {"rule": self.listener.end_of_turn, "reason": u.reason,
-                                      "probability": u.probability}
+        trace.extra["end_of_turn"] = {
+            "rule": self.listener.end_of_turn,
+            "reason": u.reason,
+            "probability": u.probability,
+        }
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
@@ -170,8 +202,13 @@ class Session:
         """Work during speech: the committed words (they never change) go into the LLM caches now, right after
         the Whisper pass that committed them, so the reply at the end of the turn prefills only the rest. One
         prefill at a time, none while a reply runs; it yields to a reply at its next chunk."""
-        if (not self.config.dialog.prefill_during_speech or not committed or self.replying
-                or self._early is not None or (self._warm is not None and not self._warm.done())):
+        if (
+            not self.config.dialog.prefill_during_speech
+            or not committed
+            or self.replying
+            or self._early is not None
+            or (self._warm is not None and not self._warm.done())
+        ):
             return
         self._warm = self.assistant.spawn(self.conversation.warm(committed))
 

@@ -39,9 +39,20 @@ RATE = SPEECH_RATE
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
 HALLUCINATIONS = {
-    "thank you", "thanks for watching", "thank you for watching", "thank you so much for watching",
-    "please subscribe", "like and subscribe", "you", "bye", "bye bye", "so", "okay",
-    "subtitles by the amara org community", "thank you very much", "the end",
+    "thank you",
+    "thanks for watching",
+    "thank you for watching",
+    "thank you so much for watching",
+    "please subscribe",
+    "like and subscribe",
+    "you",
+    "bye",
+    "bye bye",
+    "so",
+    "okay",
+    "subtitles by the amara org community",
+    "thank you very much",
+    "the end",
 }
 _QUIET_RMS = 0.003  # about -50 dBFS
 _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
@@ -81,17 +92,25 @@ class SpeechToText:
         # the thread Whisper passes run on (the assistant owns it; standalone use gets its own)
         self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-stt")
         try:
-            self.model = WhisperModel(str(resolved.path or resolved.hub_id), device=settings.device,
-                                      compute_type=settings.compute_type, cpu_threads=settings.threads)
+            self.model = WhisperModel(
+                str(resolved.path or resolved.hub_id),
+                device=settings.device,
+                compute_type=settings.compute_type,
+                cpu_threads=settings.threads,
+            )
         except Exception as exc:  # faster-whisper raises a mix of OSError/RuntimeError/hub errors
             if resolved.hub_id is not None:
                 raise hub_error(resolved, exc) from None
-            raise ModelError(f"cannot load Whisper model {resolved.location} ({exc}); fix: check stt.device and "
-                             f"stt.compute_type, or run `specvoice models verify`") from None
+            raise ModelError(
+                f"cannot load Whisper model {resolved.location} ({exc}); fix: check stt.device and "
+                f"stt.compute_type, or run `specvoice models verify`"
+            ) from None
         self.language = settings.language
         if not self.model.model.is_multilingual and self.language not in (None, "en"):
-            raise ModelError(f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
-                             f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)")
+            raise ModelError(
+                f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
+                f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)"
+            )
         self._lock = threading.Lock()
         self.passes = 0  # decoder passes run, for benchmarks and tests
         self.decoded_s = 0.0  # audio seconds decoded
@@ -106,9 +125,15 @@ class SpeechToText:
             return []
         with self._lock:
             segments, _ = self.model.transcribe(
-                audio, language=self.language, beam_size=beam_size or self.settings.beam_size, temperature=0.0,
-                word_timestamps=True, condition_on_previous_text=False, initial_prompt=prompt or None,
-                vad_filter=False)
+                audio,
+                language=self.language,
+                beam_size=beam_size or self.settings.beam_size,
+                temperature=0.0,
+                word_timestamps=True,
+                condition_on_previous_text=False,
+                initial_prompt=prompt or None,
+                vad_filter=False,
+            )
             words: list[Word] = []
             for seg in segments:
                 if self._hallucinated(seg, audio):
@@ -123,12 +148,13 @@ class SpeechToText:
     def _hallucinated(seg, audio: np.ndarray) -> bool:
         if _norm(seg.text) not in HALLUCINATIONS:
             return False
-        span = audio[int(seg.start * RATE):max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
+        span = audio[int(seg.start * RATE) : max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
         rms = float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
         return seg.no_speech_prob >= 0.3 or rms < _QUIET_RMS
 
-    async def run_decode(self, audio: np.ndarray, prompt: str | None = None,
-                         beam_size: int | None = None) -> list[Word]:
+    async def run_decode(
+        self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None
+    ) -> list[Word]:
         """``decode`` on the STT worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, audio, prompt, beam_size)
 
@@ -215,15 +241,19 @@ class StreamingTranscription:
             tail = [w.key for w in self._committed[-k:]]
             if len(tail) < k:
                 continue
-            found = [i for i in range(len(words) - k + 1) if keys[i:i + k] == tail
-                     and abs(words[i + k - 1].end - last.end) < _ALIGN_S]
+            found = [
+                i
+                for i in range(len(words) - k + 1)
+                if keys[i : i + k] == tail and abs(words[i + k - 1].end - last.end) < _ALIGN_S
+            ]
             if found:
-                return words[found[-1] + k:]
+                return words[found[-1] + k :]
         edge = last.end - 0.05
         return [w for w in words if w.start >= edge]
 
-    async def partial(self, *, style: str | None = None, final_beam: bool = False,
-                      min_new_s: float = _MIN_NEW_S) -> str | None:
+    async def partial(
+        self, *, style: str | None = None, final_beam: bool = False, min_new_s: float = _MIN_NEW_S
+    ) -> str | None:
         """Re-decode the buffer and return committed + tentative text; None when there is no new speech.
 
         ``style``: an initial prompt for this pass (audio.turn.TRANSCRIPT_PROMPT at a pause); ``final_beam``:
@@ -259,9 +289,9 @@ class StreamingTranscription:
         cut_s = self._committed[cut].end
         self._done.append(_join(self._committed[: cut + 1]))
         shift = lambda ws: [replace(w, start=w.start - cut_s, end=w.end - cut_s) for w in ws]  # noqa: E731
-        self._committed = shift(self._committed[cut + 1:])
+        self._committed = shift(self._committed[cut + 1 :])
         self._previous = shift(self._previous or [])
-        self._audio = self._audio[int(cut_s * RATE):]
+        self._audio = self._audio[int(cut_s * RATE) :]
         self._offset_s += int(cut_s * RATE) / RATE
         self._decoded_len = -1
         log.debug("trimmed stt buffer", extra={"at_s": cut_s})
@@ -271,7 +301,7 @@ class StreamingTranscription:
         silence the VAD waited for) since then."""
         if self._decoded_len < 0:
             return False
-        tail = self._audio[self._decoded_len:]
+        tail = self._audio[self._decoded_len :]
         return len(tail) == 0 or float(np.sqrt(np.mean(np.square(tail)))) < _TAIL_RMS
 
     async def final(self) -> str:

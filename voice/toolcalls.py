@@ -59,7 +59,7 @@ class ToolCallParser:
         if self._lead is not None:
             lead, self._lead = self._lead, None
             verdict = self._bare(lead, final=True)
-            return self.push(lead[verdict or 0:]) + self.flush()
+            return self.push(lead[verdict or 0 :]) + self.flush()
         held, self._held = self._held, ""
         if self._body is not None:
             body, self._body = self._body, None
@@ -101,7 +101,7 @@ class ToolCallParser:
         if self._body is not None:
             self._body += ch
             if self._body.endswith(CLOSE):
-                body, self._body = self._body[:-len(CLOSE)], None
+                body, self._body = self._body[: -len(CLOSE)], None
                 self._decide(body)
             elif len(self._body) > MAX_CALL_CHARS:
                 log.info("tool call dropped: longer than %d characters", MAX_CALL_CHARS)
@@ -144,8 +144,13 @@ def call_message(text: str, calls: list[ToolCallRequested]) -> dict[str, Any]:
     """The assistant message that made ``calls``, in the chat template's own form (``tool_calls``), whatever
     syntax the model used: the next prompt then shows each call and its output as the model was trained to read
     them (shown its own bare JSON, the embedded Qwen2.5 calls the function again instead of answering)."""
-    return {"role": "assistant", "content": text, "tool_calls": [
-        {"type": "function", "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}} for c in calls]}
+    return {
+        "role": "assistant",
+        "content": text,
+        "tool_calls": [
+            {"type": "function", "function": {"name": c.name, "arguments": _json_or_text(c.arguments)}} for c in calls
+        ],
+    }
 
 
 def _json_or_text(arguments: str) -> Any:

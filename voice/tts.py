@@ -47,13 +47,17 @@ class TextToSpeech:
         from piper import PiperVoice, SynthesisConfig
 
         if resolved_voice.path is None:
-            raise ModelError(f"TTS voice {resolved_voice.name!r} must be a local piper .onnx file (hub voices are "
-                             f"not fetched); fix: set models.tts = 'piper-joe-medium' or a path to a .onnx voice")
+            raise ModelError(
+                f"TTS voice {resolved_voice.name!r} must be a local piper .onnx file (hub voices are "
+                f"not fetched); fix: set models.tts = 'piper-joe-medium' or a path to a .onnx voice"
+            )
         path = Path(resolved_voice.path)
         config = Path(str(path) + ".json")
         if not config.exists():
-            raise ModelError(f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
-                             f"next to the .onnx file")
+            raise ModelError(
+                f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
+                f"next to the .onnx file"
+            )
         # our own onnxruntime session rather than PiperVoice.load's: piper's keeps its idle threads spinning, and
         # while we speak the LLM is still generating on the same cores, so synthesis gets threads that sleep
         import onnxruntime
@@ -62,8 +66,10 @@ class TextToSpeech:
         try:
             voice_config = PiperConfig.from_dict(json.loads(config.read_text()))
         except (ValueError, KeyError) as exc:
-            raise ModelError(f"piper voice config {config} is unreadable ({type(exc).__name__}: {exc}); fix: "
-                             f"restore the voice's .onnx.json (`specvoice models verify --repair`)") from None
+            raise ModelError(
+                f"piper voice config {config} is unreadable ({type(exc).__name__}: {exc}); fix: "
+                f"restore the voice's .onnx.json (`specvoice models verify --repair`)"
+            ) from None
         options = onnxruntime.SessionOptions()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")

@@ -38,9 +38,17 @@ class Turn:
     (announcements; nothing is committed). ``early``: a reply already generating on the pause transcript, which
     the turn adopts when the final transcript is the same words, and drops otherwise."""
 
-    def __init__(self, ctx: TurnContext, text: str, trace: LatencyTrace, *, speak: bool = True,
-                 source: str | None = None, utterance: Utterance | None = None,
-                 early: EarlyReply | None = None) -> None:
+    def __init__(
+        self,
+        ctx: TurnContext,
+        text: str,
+        trace: LatencyTrace,
+        *,
+        speak: bool = True,
+        source: str | None = None,
+        utterance: Utterance | None = None,
+        early: EarlyReply | None = None,
+    ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
         self.source, self.utterance, self.early = source, utterance, early
         self.outcome = ReplyOutcome()
@@ -79,8 +87,7 @@ class Turn:
             self._heard_cap = samples if self._heard_cap is None else min(samples, self._heard_cap)
             return None
         messages = self.ctx.conversation.messages
-        if self._committed is None or not messages or messages[-1] != {"role": "assistant",
-                                                                       "content": self._committed}:
+        if self._committed is None or not messages or messages[-1] != {"role": "assistant", "content": self._committed}:
             return None  # nothing of ours to cut (no reply, or a later turn came since)
         heard = self.outcome.heard_text(samples)
         try:
@@ -216,11 +223,10 @@ class Turn:
             ctx.conversation.messages.extend([call_message(heard, calls)] if calls else [])  # the template's form
             self._committed = self._committed or None
         stats = ctx.conversation.last_stats if self._commits else None
-        trace.extra.update({"interrupted": self.interrupted,
-                            "decoder": stats.to_dict() if stats is not None else None})
-        for request in (parser.requests if parser else []):
+        trace.extra.update({"interrupted": self.interrupted, "decoder": stats.to_dict() if stats is not None else None})
+        for request in parser.requests if parser else []:
             ctx.emit(request if isinstance(request, ActionRequested) else ActionRequested(**request))
-        for call in (self._tools.calls if self._tools is not None and not (cut or self.interrupted) else []):
+        for call in self._tools.calls if self._tools is not None and not (cut or self.interrupted) else []:
             ctx.emit(call)
         if error is not None:
             ctx.emit(TurnError(trace.turn_id, error.stage, str(error)))
@@ -270,8 +276,7 @@ class Turn:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-    async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None],
-                       parser: ActionParser | None) -> None:
+    async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None], parser: ActionParser | None) -> None:
         trace, chunker, outcome = self.trace, self.ctx.chunker(), self.outcome
 
         async def put(text: str) -> None:
@@ -312,8 +317,9 @@ class Turn:
             self.ctx.set_state(State.SPEAKING)
             self.ctx.emit(ReplyAudio(pcm, tts.sample_rate))
             if sink is not None:
-                await sink.write(pcm if sink.sample_rate == tts.sample_rate
-                                 else resample(pcm, tts.sample_rate, sink.sample_rate))
+                await sink.write(
+                    pcm if sink.sample_rate == tts.sample_rate else resample(pcm, tts.sample_rate, sink.sample_rate)
+                )
                 if sink.first_audible_t is not None:
                     trace.mark("playback_start", sink.first_audible_t)
             else:

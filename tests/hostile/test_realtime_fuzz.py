@@ -44,56 +44,133 @@ def server(hostile_assistant, tracebacks):
 
 # ---- what hypothesis writes -------------------------------------------------------------------------------------
 
-scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.integers(-10**40, 10**40),
-                    st.floats(allow_nan=False, allow_infinity=False), st.text(max_size=40),
-                    st.sampled_from(["audio/pcm", "audio/pcmu", "user", "system", "assistant", "message", "inf",
-                                     "function_call", "function_call_output", "input_text", "server_vad", "none"]))
-values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                       st.dictionaries(st.text(max_size=12), inner, max_size=4)),
-                      max_leaves=12)
+scalars = st.one_of(
+    st.none(),
+    st.booleans(),
+    st.integers(),
+    st.integers(-(10**40), 10**40),
+    st.floats(allow_nan=False, allow_infinity=False),
+    st.text(max_size=40),
+    st.sampled_from(
+        [
+            "audio/pcm",
+            "audio/pcmu",
+            "user",
+            "system",
+            "assistant",
+            "message",
+            "inf",
+            "function_call",
+            "function_call_output",
+            "input_text",
+            "server_vad",
+            "none",
+        ]
+    ),
+)
+values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=12), inner, max_size=4)),
+    max_leaves=12,
+)
 audio = st.binary(max_size=600).map(lambda b: base64.b64encode(b).decode())
-part = st.fixed_dictionaries({"type": st.sampled_from(["input_text", "output_text", "input_audio", "input_image",
-                                                        "text", "bogus"])},
-                             optional={"text": st.one_of(st.text(max_size=60), values), "transcript": values,
-                                       "audio": audio})
-item = st.fixed_dictionaries({"type": st.sampled_from(["message", "function_call", "function_call_output", "x"])},
-                             optional={"role": st.sampled_from(["user", "assistant", "system", "tool"]),
-                                       "content": st.lists(part, max_size=3), "id": st.text(max_size=10),
-                                       "call_id": st.text(max_size=10), "name": st.text(max_size=10),
-                                       "arguments": st.text(max_size=30), "output": st.text(max_size=30)})
-fmt = st.fixed_dictionaries({"type": st.sampled_from(["audio/pcm", "audio/pcmu", "audio/pcma", "audio/wav"])},
-                            optional={"rate": st.sampled_from([8000, 16000, 24000, 11025, 0, -1, 10**30])})
-session = st.fixed_dictionaries({}, optional={
-    "type": st.sampled_from(["realtime", "transcription"]), "instructions": st.text(max_size=80),
-    "output_modalities": st.lists(st.sampled_from(["audio", "text", "video"]), max_size=3),
-    "tools": st.lists(st.fixed_dictionaries({"type": st.sampled_from(["function", "mcp"]),
-                                             "name": st.text(max_size=12)}, optional={"parameters": values}),
-                      max_size=3),
-    "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required"]), values),
-    "max_output_tokens": st.one_of(st.integers(-5, 5000), st.just("inf")), "temperature": values,
-    "audio": st.fixed_dictionaries({}, optional={
-        "input": st.fixed_dictionaries({}, optional={"format": fmt, "turn_detection": st.one_of(
-            st.none(), st.fixed_dictionaries({"type": st.sampled_from(["server_vad", "semantic_vad", "x"])}))}),
-        "output": st.fixed_dictionaries({}, optional={"format": fmt, "voice": values, "speed": values})})})
-response = st.fixed_dictionaries({}, optional={
-    "output_modalities": st.lists(st.sampled_from(["audio", "text"]), max_size=2),
-    "instructions": st.text(max_size=40), "conversation": st.sampled_from(["auto", "none", "conv_1"]),
-    "metadata": values, "max_output_tokens": st.integers(1, 3), "input": values})
-events = st.fixed_dictionaries({"type": st.sampled_from(TYPES)}, optional={
-    "event_id": st.one_of(st.text(max_size=20), values), "audio": st.one_of(audio, values), "item": st.one_of(item,
-    values), "session": st.one_of(session, values), "response": st.one_of(response, values),
-    "item_id": st.one_of(st.text(max_size=10), values), "audio_end_ms": values, "content_index": values,
-    "previous_item_id": st.one_of(st.sampled_from(["root", None]), st.text(max_size=8)),
-    "response_id": values, "extra": values})
+part = st.fixed_dictionaries(
+    {"type": st.sampled_from(["input_text", "output_text", "input_audio", "input_image", "text", "bogus"])},
+    optional={"text": st.one_of(st.text(max_size=60), values), "transcript": values, "audio": audio},
+)
+item = st.fixed_dictionaries(
+    {"type": st.sampled_from(["message", "function_call", "function_call_output", "x"])},
+    optional={
+        "role": st.sampled_from(["user", "assistant", "system", "tool"]),
+        "content": st.lists(part, max_size=3),
+        "id": st.text(max_size=10),
+        "call_id": st.text(max_size=10),
+        "name": st.text(max_size=10),
+        "arguments": st.text(max_size=30),
+        "output": st.text(max_size=30),
+    },
+)
+fmt = st.fixed_dictionaries(
+    {"type": st.sampled_from(["audio/pcm", "audio/pcmu", "audio/pcma", "audio/wav"])},
+    optional={"rate": st.sampled_from([8000, 16000, 24000, 11025, 0, -1, 10**30])},
+)
+session = st.fixed_dictionaries(
+    {},
+    optional={
+        "type": st.sampled_from(["realtime", "transcription"]),
+        "instructions": st.text(max_size=80),
+        "output_modalities": st.lists(st.sampled_from(["audio", "text", "video"]), max_size=3),
+        "tools": st.lists(
+            st.fixed_dictionaries(
+                {"type": st.sampled_from(["function", "mcp"]), "name": st.text(max_size=12)},
+                optional={"parameters": values},
+            ),
+            max_size=3,
+        ),
+        "tool_choice": st.one_of(st.sampled_from(["auto", "none", "required"]), values),
+        "max_output_tokens": st.one_of(st.integers(-5, 5000), st.just("inf")),
+        "temperature": values,
+        "audio": st.fixed_dictionaries(
+            {},
+            optional={
+                "input": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "format": fmt,
+                        "turn_detection": st.one_of(
+                            st.none(),
+                            st.fixed_dictionaries({"type": st.sampled_from(["server_vad", "semantic_vad", "x"])}),
+                        ),
+                    },
+                ),
+                "output": st.fixed_dictionaries({}, optional={"format": fmt, "voice": values, "speed": values}),
+            },
+        ),
+    },
+)
+response = st.fixed_dictionaries(
+    {},
+    optional={
+        "output_modalities": st.lists(st.sampled_from(["audio", "text"]), max_size=2),
+        "instructions": st.text(max_size=40),
+        "conversation": st.sampled_from(["auto", "none", "conv_1"]),
+        "metadata": values,
+        "max_output_tokens": st.integers(1, 3),
+        "input": values,
+    },
+)
+events = st.fixed_dictionaries(
+    {"type": st.sampled_from(TYPES)},
+    optional={
+        "event_id": st.one_of(st.text(max_size=20), values),
+        "audio": st.one_of(audio, values),
+        "item": st.one_of(item, values),
+        "session": st.one_of(session, values),
+        "response": st.one_of(response, values),
+        "item_id": st.one_of(st.text(max_size=10), values),
+        "audio_end_ms": values,
+        "content_index": values,
+        "previous_item_id": st.one_of(st.sampled_from(["root", None]), st.text(max_size=8)),
+        "response_id": values,
+        "extra": values,
+    },
+)
 messages = st.one_of(
     events.map(json.dumps),
     values.map(json.dumps),
     st.text(max_size=200),
     st.integers(1, 3000).map(lambda n: "[" * n + "]" * n),
-    st.integers(1, 200).map(lambda n: '{"type": "session.update", "session": ' + "{\"a\": " * n + "1" + "}" * n + "}"),
+    st.integers(1, 200).map(lambda n: '{"type": "session.update", "session": ' + '{"a": ' * n + "1" + "}" * n + "}"),
     st.integers(4300, 6000).map(lambda n: '{"type": "conversation.item.truncate", "audio_end_ms": ' + "9" * n + "}"),
-    st.sampled_from(['{"type": "response.create", "response": {"temperature": NaN}}', "{}", "null", '"x"',
-                     '{"type": "input_audio_buffer.append", "audio": "' + "A" * 5000 + '"}']),
+    st.sampled_from(
+        [
+            '{"type": "response.create", "response": {"temperature": NaN}}',
+            "{}",
+            "null",
+            '"x"',
+            '{"type": "input_audio_buffer.append", "audio": "' + "A" * 5000 + '"}',
+        ]
+    ),
 )
 
 
@@ -115,12 +192,17 @@ def run_sequence(url: str, sequence: list[str]) -> None:
             assert all(e["code"] and e["message"] for e in errors)
             if message not in ('{"type": "response.create"}',):
                 # a response in progress may also fail a later create: at most one error per message otherwise
-                assert len([e for e in errors if e["code"] != "conversation_already_has_active_response"]) <= 1, \
-                    (message[:300], errors)
+                assert len([e for e in errors if e["code"] != "conversation_already_has_active_response"]) <= 1, (
+                    message[:300],
+                    errors,
+                )
 
 
-@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large,
-                                                                    HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=120,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large, HealthCheck.function_scoped_fixture],
+)
 @given(sequence=st.lists(messages, min_size=1, max_size=4))
 def test_fuzzed_messages_never_break_the_server(server, sequence):
     before = len(server.tracebacks)
@@ -132,8 +214,14 @@ def test_fuzzed_messages_never_break_the_server(server, sequence):
 def test_the_server_still_answers_after_the_fuzzing(server):
     with connect(f"ws://127.0.0.1:{server.config.server.port}/v1/realtime", open_timeout=30) as ws:
         assert json.loads(ws.recv(30))["type"] == "session.created"
-        ws.send(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello."}]}}))
+        ws.send(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hello."}]},
+                }
+            )
+        )
         ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
         while (event := json.loads(ws.recv(150)))["type"] != "response.done":
             assert event["type"] != "error", event

@@ -51,12 +51,16 @@ async def test_a_cross_origin_websocket_is_refused_with_403(assistant):
             assert b"server.allowed_origins" in refused.value.response.body
         # DNS rebinding: the attacker's name resolves to this machine, so Origin and Host agree; a name must be listed
         with pytest.raises(InvalidStatus) as refused:
-            await opens(f"ws://evil.example:{port}/v1/realtime", origin=f"http://evil.example:{port}", host="127.0.0.1",
-                        port=port)
+            await opens(
+                f"ws://evil.example:{port}/v1/realtime",
+                origin=f"http://evil.example:{port}",
+                host="127.0.0.1",
+                port=port,
+            )
         assert refused.value.response.status_code == 403
-        assert await opens(url)                                                  # a native client sends no Origin
-        assert await opens(url, origin=f"http://127.0.0.1:{port}")               # the server's own page
-        assert await opens(url, origin="https://home.example.com")               # listed
+        assert await opens(url)  # a native client sends no Origin
+        assert await opens(url, origin=f"http://127.0.0.1:{port}")  # the server's own page
+        assert await opens(url, origin="https://home.example.com")  # listed
         assert await opens(f"ws://localhost:{port}/v1/realtime", origin=f"http://localhost:{port}")
 
 
@@ -64,7 +68,7 @@ def test_origin_rule():
     assert origin_allowed(None, "127.0.0.1:8765", [])
     assert origin_allowed("http://127.0.0.1:8765", "127.0.0.1:8765", [])
     assert origin_allowed("http://[::1]:8765", "[::1]:8765", [])
-    assert origin_allowed("http://192.168.1.5:8765", "192.168.1.5:8765", [])   # a LAN page by address
+    assert origin_allowed("http://192.168.1.5:8765", "192.168.1.5:8765", [])  # a LAN page by address
     assert not origin_allowed("http://myhost.lan:8765", "myhost.lan:8765", [])  # a name: list it
     assert origin_allowed("http://myhost.lan:8765", "myhost.lan:8765", ["http://myhost.lan:8765"])
     assert not origin_allowed("http://127.0.0.1:8765", None, [])
@@ -78,7 +82,7 @@ def test_home_actions_need_a_token_even_on_localhost(small_config):
         check_exposure(config)
     config.server.token = TOKEN
     check_exposure(config)
-    config.server.token, config.mqtt.enabled = None, False   # actions that nothing publishes: no token needed
+    config.server.token, config.mqtt.enabled = None, False  # actions that nothing publishes: no token needed
     check_exposure(config)
 
 
@@ -89,8 +93,11 @@ async def test_token_by_header_subprotocol_or_query_and_nothing_else(assistant):
         assert await opens(url, additional_headers={"Authorization": f"Bearer {TOKEN}"})
         assert await opens(url, subprotocols=["realtime", f"openai-insecure-api-key.{TOKEN}"])
         assert await opens(f"{url}?token={TOKEN}")
-        for kwargs in ({}, {"additional_headers": {"Authorization": "Bearer nope"}},
-                       {"subprotocols": ["realtime", "openai-insecure-api-key.nope"]}):
+        for kwargs in (
+            {},
+            {"additional_headers": {"Authorization": "Bearer nope"}},
+            {"subprotocols": ["realtime", "openai-insecure-api-key.nope"]},
+        ):
             with pytest.raises(ConnectionClosed) as closed:
                 await opens(url, **kwargs)
             assert closed.value.rcvd.code == 1008
@@ -101,15 +108,32 @@ async def test_oversized_text_and_an_endless_conversation_are_bounded(assistant)
     and a history whose text stays cheap to tokenize; the session still answers."""
     config = make_config(assistant, max_text_chars=4096, max_items=32)
     async with realtime(config, assistant) as (client, session):
-        err = await client.error_for(json.dumps({"type": "conversation.item.create", "item": {
-            "type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 5000}]}}))
+        err = await client.error_for(
+            json.dumps(
+                {
+                    "type": "conversation.item.create",
+                    "item": {
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "x" * 5000}],
+                    },
+                }
+            )
+        )
         assert err["code"] == "invalid_value" and "server.max_text_chars" in err["message"]
-        err = await client.error_for(json.dumps({"type": "session.update", "session": {
-            "type": "realtime", "instructions": "y" * 5000}}))
+        err = await client.error_for(
+            json.dumps({"type": "session.update", "session": {"type": "realtime", "instructions": "y" * 5000}})
+        )
         assert "server.max_text_chars" in err["message"]
         for i in range(200):
-            await client.send(type="conversation.item.create", item={
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": f"{i} " + "z" * 4000}]})
+            await client.send(
+                type="conversation.item.create",
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": f"{i} " + "z" * 4000}],
+                },
+            )
         await client.until("conversation.item.done", where=lambda e: e["item"]["content"][0]["text"].startswith("199 "))
         conn_items = len([m for m in session.history if m["role"] == "user"])
         text = sum(len(m["content"]) for m in session.history)
@@ -120,12 +144,13 @@ async def test_oversized_text_and_an_endless_conversation_are_bounded(assistant)
 
 async def test_manual_commits_are_bounded(assistant):
     async with realtime(make_config(assistant), assistant) as (client, _):
-        await client.send(type="session.update", session={"type": "realtime",
-                                                          "audio": {"input": {"turn_detection": None}}})
+        await client.send(
+            type="session.update", session={"type": "realtime", "audio": {"input": {"turn_detection": None}}}
+        )
         await client.until("session.updated")
-        noise = (np.random.default_rng(0).normal(0, 2000, 24000 // 5)).astype(np.int16)   # 200 ms
+        noise = (np.random.default_rng(0).normal(0, 2000, 24000 // 5)).astype(np.int16)  # 200 ms
         codes = []
-        for _ in range(8):   # far faster than Whisper can transcribe them
+        for _ in range(8):  # far faster than Whisper can transcribe them
             await client.send(type="input_audio_buffer.append", audio=b64(noise))
             await client.send(type="input_audio_buffer.commit")
         await client.send(type="conversation.item.retrieve", item_id="barrier", event_id="barrier")
@@ -152,7 +177,7 @@ def test_rate_limited_log_counts_what_it_held_back(caplog):
     log = RateLimitedLog(logging.getLogger("specvoice.test"), burst=2, period_s=10.0, clock=lambda: now[0], peer="x")
     caplog.set_level(logging.WARNING, logger="specvoice.test")
     assert [log.warning("bad") for _ in range(5)] == [True, True, False, False, False]
-    now[0] = 5.0   # one token back
+    now[0] = 5.0  # one token back
     assert log.warning("bad")
     assert caplog.records[-1].suppressed == 3 and caplog.records[-1].peer == "x"
 
@@ -164,7 +189,8 @@ async def test_a_closed_client_mid_flood_leaves_others_working(assistant):
             flood = Client(other)
             await flood.until("session.created")
             for _ in range(20):
-                await other.send(json.dumps({"type": "input_audio_buffer.append", "audio": b64(
-                    np.zeros(2400, np.int16))}))
+                await other.send(
+                    json.dumps({"type": "input_audio_buffer.append", "audio": b64(np.zeros(2400, np.int16))})
+                )
         events = await client.text_turn("Hi.", output_modalities=["text"])
         assert events[-1]["response"]["status"] == "completed"

@@ -77,13 +77,24 @@ class RealtimeConnection:
         self.sink = RealtimeSink(voice_rate)
         self.session = shared.assistant.session(self._on_event, sink=self.sink, name=self.id)
         self._base_decode = self.session.decode
-        self.items = Items(self.session.conversation, self._editing_blocked, max_items=cfg.server.max_items,
-                           max_chars=8 * cfg.dialog.history_tokens)
+        self.items = Items(
+            self.session.conversation,
+            self._editing_blocked,
+            max_items=cfg.server.max_items,
+            max_chars=8 * cfg.dialog.history_tokens,
+        )
         self.responses = self.sink.responses = Responses(self.send, self.items, self.conversation_id, voice_rate)
         self.warnings = RateLimitedLog(log, session=self.id, peer=peer)
         self._tasks = Tasks()
-        self.input = RealtimeInput(self.session, self.items, self.send, self.warnings, self._tasks,
-                                   self.settings.input_format, cfg.server.max_turn_audio_s)
+        self.input = RealtimeInput(
+            self.session,
+            self.items,
+            self.send,
+            self.warnings,
+            self._tasks,
+            self.settings.input_format,
+            cfg.server.max_turn_audio_s,
+        )
         self._out: asyncio.Queue[str | None] = asyncio.Queue()
         self._pending_bytes = 0
         self._stalled = False
@@ -111,8 +122,16 @@ class RealtimeConnection:
     def send_error(self, err: ClientError, kind: str = "invalid_request_error") -> None:
         self.shared.metrics.protocol_errors.labels("websocket", err.code).inc()
         self.warnings.warning("client error", code=err.code, param=err.param, error=err.message[:200])
-        self.send("error", error={"type": kind, "code": err.code, "message": err.message, "param": err.param,
-                                  "event_id": err.event_id})
+        self.send(
+            "error",
+            error={
+                "type": kind,
+                "code": err.code,
+                "message": err.message,
+                "param": err.param,
+                "event_id": err.event_id,
+            },
+        )
 
     async def _writer(self) -> None:
         while (message := await self._out.get()) is not None:
@@ -218,8 +237,7 @@ class RealtimeConnection:
     def _apply(self, s: Settings) -> None:
         """Make ``s`` what the session's next turns use (tools, decoding, audio or text)."""
         self.session.conversation.tools = s.chat_tools()
-        self.session.decode = replace(self._base_decode, temperature=s.temperature,
-                                      max_new_tokens=s.max_output_tokens)
+        self.session.decode = replace(self._base_decode, temperature=s.temperature, max_new_tokens=s.max_output_tokens)
         self.session.speak_replies = "audio" in s.modalities
 
     def _create_item(self, event: ItemCreate) -> None:
@@ -231,31 +249,47 @@ class RealtimeConnection:
     def _item_ref(self, event: ItemRef) -> None:
         if event.type == "conversation.item.retrieve":
             if event.item_id not in self.items.entries:
-                raise ClientError("item_retrieve_invalid_item_id", f"no item {json.dumps(event.item_id[:64])} to "
-                                  "retrieve; use an id from conversation.item.added", param="item_id")
+                raise ClientError(
+                    "item_retrieve_invalid_item_id",
+                    f"no item {json.dumps(event.item_id[:64])} to retrieve; use an id from conversation.item.added",
+                    param="item_id",
+                )
             self.send("conversation.item.retrieved", item=self.items.entries[event.item_id].to_json())
             return
         if event.item_id not in self.items.entries:
-            raise ClientError("item_delete_invalid_item_id", f"no item {json.dumps(event.item_id[:64])} to delete; "
-                              "use an id from conversation.item.added", param="item_id")
+            raise ClientError(
+                "item_delete_invalid_item_id",
+                f"no item {json.dumps(event.item_id[:64])} to delete; use an id from conversation.item.added",
+                param="item_id",
+            )
         self.items.delete(event.item_id)
         self.send("conversation.item.deleted", item_id=event.item_id)
 
     def _truncate(self, event: Truncate) -> None:
         """The client played only ``audio_end_ms`` of an assistant item: the history keeps what it heard."""
         if event.item_id not in self.responses.replied_items:
-            raise ClientError("item_truncate_invalid_item_id", f"no assistant audio item "
-                              f"{json.dumps(event.item_id[:64])} to truncate; send the item_id of an assistant "
-                              "message from response.output_item.added", param="item_id")
+            raise ClientError(
+                "item_truncate_invalid_item_id",
+                f"no assistant audio item "
+                f"{json.dumps(event.item_id[:64])} to truncate; send the item_id of an assistant "
+                "message from response.output_item.added",
+                param="item_id",
+            )
         if event.item_id == self.responses.replied_items[-1]:  # only the latest reply can still be cut
             self.session.truncate(event.audio_end_ms)
-        self.send("conversation.item.truncated", item_id=event.item_id, content_index=event.content_index,
-                  audio_end_ms=event.audio_end_ms)
+        self.send(
+            "conversation.item.truncated",
+            item_id=event.item_id,
+            content_index=event.content_index,
+            audio_end_ms=event.audio_end_ms,
+        )
 
     def _create_response(self, params: ResponseParams) -> None:
         if self.responses.current is not None:
-            raise ClientError("conversation_already_has_active_response", "a response is in progress; wait for "
-                              "its response.done or send response.cancel")
+            raise ClientError(
+                "conversation_already_has_active_response",
+                "a response is in progress; wait for its response.done or send response.cancel",
+            )
         unsupported = asks_for_unsupported(params)
         if unsupported is not None:
             raise ClientError("unsupported_parameter", unsupported[1], param=unsupported[0])
@@ -278,8 +312,10 @@ class RealtimeConnection:
         except Exception as exc:
             self.warnings.warning("response failed", error=f"{type(exc).__name__}: {exc}"[:200])
             if self.responses.current is r:
-                self.responses.close("failed", error={"type": "server_error", "code": "turn_failed",
-                                                      "message": f"{type(exc).__name__}: {exc}"})
+                self.responses.close(
+                    "failed",
+                    error={"type": "server_error", "code": "turn_failed", "message": f"{type(exc).__name__}: {exc}"},
+                )
         finally:
             if s.instructions != self.settings.instructions:
                 self.session.set_instructions(self.settings.instructions)
@@ -288,8 +324,11 @@ class RealtimeConnection:
     async def _cancel(self, response_id: str | None) -> None:
         current = self.responses.current
         if current is None or (response_id is not None and response_id != current.id):
-            raise ClientError("response_cancel_not_active", "there is no response in progress to cancel",
-                              param="response_id" if response_id else None)
+            raise ClientError(
+                "response_cancel_not_active",
+                "there is no response in progress to cancel",
+                param="response_id" if response_id else None,
+            )
         current.cancel_reason = "client_cancelled"
         await self.session.cancel()  # the turn's TurnDone(interrupted) closes the response
         if self.responses.current is current:  # the turn had not started (waiting for a transcription)
@@ -318,19 +357,23 @@ class RealtimeConnection:
         elif isinstance(event, ToolCallRequested):
             self.responses.function_call(event.name, event.arguments)
         elif isinstance(event, TurnError):
-            self.send_error(ClientError(f"{event.stage}_failed", f"the turn failed in {event.stage}: "
-                                        f"{event.message}"), kind="server_error")
+            self.send_error(
+                ClientError(f"{event.stage}_failed", f"the turn failed in {event.stage}: {event.message}"),
+                kind="server_error",
+            )
             if self.responses.current is not None:
-                self.responses.close("failed", error={"type": "server_error", "code": f"{event.stage}_failed",
-                                                      "message": event.message})
+                self.responses.close(
+                    "failed", error={"type": "server_error", "code": f"{event.stage}_failed", "message": event.message}
+                )
         elif isinstance(event, TurnDone):
             self._turn_done(event)
 
     def _turn_done(self, event: TurnDone) -> None:
         r = self.responses.current
         if r is not None:
-            self.responses.close("cancelled" if event.interrupted else "completed", reply=event.reply,
-                                 trace=event.trace)
+            self.responses.close(
+                "cancelled" if event.interrupted else "completed", reply=event.reply, trace=event.trace
+            )
         # the turn has committed: its messages get their items, and the edits that waited are applied
         reply_item = (r.message or (r.outputs[0] if r.outputs else None)) if r is not None else None
         self.items.adopt(r.user_item if r is not None else None, reply_item.id if reply_item else None)

@@ -31,8 +31,9 @@ class Limits:
 def _capped(value: str, info: ValidationInfo) -> str:
     limit = (info.context or {}).get("max_text_chars", Limits.max_text_chars)
     if len(value) > limit:
-        raise ValueError(f"the text is {len(value)} characters, more than server.max_text_chars ({limit}); send "
-                         "shorter text")
+        raise ValueError(
+            f"the text is {len(value)} characters, more than server.max_text_chars ({limit}); send shorter text"
+        )
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
@@ -62,6 +63,7 @@ class Append(ClientEvent):
 
 
 # ---- conversation items --------------------------------------------------------------------------------------
+
 
 class ContentPart(_Strict):
     type: Literal["input_text", "input_audio", "input_image", "output_text", "output_audio", "text", "audio"]
@@ -102,6 +104,7 @@ class ItemRef(ClientEvent):
 
 # ---- tools -------------------------------------------------------------------------------------------------
 
+
 class FunctionTool(_Strict):
     type: Literal["function"] = "function"
     name: Name
@@ -125,6 +128,7 @@ ToolChoice = Literal["auto", "none", "required"] | ToolChoiceFunction
 
 
 # ---- session ---------------------------------------------------------------------------------------------------
+
 
 class Format(_Strict):
     type: Literal["audio/pcm", "audio/pcmu", "audio/pcma"]
@@ -192,6 +196,7 @@ class SessionUpdate(ClientEvent):
 
 # ---- responses ----------------------------------------------------------------------------------------------
 
+
 class ResponseAudio(_Strict):
     output: AudioOut | None = None
 
@@ -234,8 +239,11 @@ SCHEMAS: dict[str, type[ClientEvent]] = {
 def parse_client_event(text: str | bytes, limits: Limits = Limits()) -> ClientEvent:
     """JSON text -> a validated client event, or ClientError naming the problem and the fix."""
     if isinstance(text, bytes):
-        raise ClientError("binary_not_supported", "binary frames are not part of this API; send JSON text frames "
-                          "(audio goes base64 in input_audio_buffer.append)")
+        raise ClientError(
+            "binary_not_supported",
+            "binary frames are not part of this API; send JSON text frames "
+            "(audio goes base64 in input_audio_buffer.append)",
+        )
     raw = load_json(text)
     if not isinstance(raw, dict):
         raise ClientError("invalid_json", "the message must be a JSON object with a 'type' field")
@@ -247,8 +255,12 @@ def parse_client_event(text: str | bytes, limits: Limits = Limits()) -> ClientEv
     schema = SCHEMAS.get(kind)
     if schema is None:
         shown = json.dumps(kind[:60])
-        raise ClientError("unknown_event_type", f"unsupported event type {shown}; this server accepts: "
-                          f"{', '.join(SCHEMAS)}", param="type", event_id=event_id)
+        raise ClientError(
+            "unknown_event_type",
+            f"unsupported event type {shown}; this server accepts: {', '.join(SCHEMAS)}",
+            param="type",
+            event_id=event_id,
+        )
     try:
         return schema.model_validate(raw, context={"max_text_chars": limits.max_text_chars})
     except ValidationError as exc:
@@ -257,8 +269,9 @@ def parse_client_event(text: str | bytes, limits: Limits = Limits()) -> ClientEv
         got = err.get("input")
         got_text = f" (got {json.dumps(got)[:60]})" if isinstance(got, (str, int, float, bool)) else ""
         message = err["msg"].removeprefix("Value error, ")
-        raise ClientError("invalid_value", f"{kind}: {param}: {message}{got_text}", param=param,
-                          event_id=event_id) from None
+        raise ClientError(
+            "invalid_value", f"{kind}: {param}: {message}{got_text}", param=param, event_id=event_id
+        ) from None
 
 
 _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
@@ -267,6 +280,7 @@ _TYPE_TAGS = {"str", "int", "float", "bool", "list", "dict", "none"}
 def _param(loc: tuple[Any, ...]) -> str:
     """A validation error's location as the client wrote it: ``session.tools.0.name``, without pydantic's tags
     for union members (class names, ``literal[...]``, ``constrained-int``)."""
-    parts = [str(p) for p in loc if isinstance(p, int) or not (
-        p[:1].isupper() or "[" in p or "-" in p or p in _TYPE_TAGS)]
+    parts = [
+        str(p) for p in loc if isinstance(p, int) or not (p[:1].isupper() or "[" in p or "-" in p or p in _TYPE_TAGS)
+    ]
     return ".".join(parts)[:200]

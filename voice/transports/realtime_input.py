@@ -27,8 +27,16 @@ MIN_COMMIT_MS = 100  # a commit needs at least this much audio (as with OpenAI's
 class RealtimeInput:
     """Appends, commits and clears; and the user items of spoken turns (server VAD)."""
 
-    def __init__(self, session: Any, items: Items, send: Callable[..., None], warnings: RateLimitedLog,
-                 tasks: Tasks, fmt: WireFormat, max_turn_audio_s: float) -> None:
+    def __init__(
+        self,
+        session: Any,
+        items: Items,
+        send: Callable[..., None],
+        warnings: RateLimitedLog,
+        tasks: Tasks,
+        fmt: WireFormat,
+        max_turn_audio_s: float,
+    ) -> None:
         self.session, self.items, self.send, self.warnings, self.tasks = session, items, send, warnings, tasks
         self.audio = AudioIn(fmt)
         self.max_turn_audio_s = max_turn_audio_s
@@ -56,9 +64,12 @@ class RealtimeInput:
         if not self.server_vad:
             limit_s = self.max_turn_audio_s
             if (self._manual_samples + len(samples)) / SPEECH_RATE > limit_s:
-                raise ClientError("input_audio_too_long", f"the input audio buffer would exceed {limit_s:g} s "
-                                  "(server.max_turn_audio_s); commit or clear it first; this append was dropped",
-                                  param="audio")
+                raise ClientError(
+                    "input_audio_too_long",
+                    f"the input audio buffer would exceed {limit_s:g} s "
+                    "(server.max_turn_audio_s); commit or clear it first; this append was dropped",
+                    param="audio",
+                )
             self._manual_samples += len(samples)
         elif self.user_item is not None:
             self._speech_samples += len(samples)
@@ -67,24 +78,32 @@ class RealtimeInput:
     async def commit(self) -> None:
         if self.server_vad:
             if self.user_item is None or not await self.session.end_utterance():
-                raise ClientError("input_audio_buffer_commit_empty", "no speech to commit: the server VAD has not "
-                                  "heard speech (it commits turns by itself)")
+                raise ClientError(
+                    "input_audio_buffer_commit_empty",
+                    "no speech to commit: the server VAD has not heard speech (it commits turns by itself)",
+                )
             return
         tail = self.audio.flush()
         if len(tail):
             await self.session.push_audio(tail)
             self._manual_samples += len(tail)
         if self._manual_samples < SPEECH_RATE * MIN_COMMIT_MS // 1000:
-            raise ClientError("input_audio_buffer_commit_empty", f"the input audio buffer holds less than "
-                              f"{MIN_COMMIT_MS} ms of audio; append audio before committing")
+            raise ClientError(
+                "input_audio_buffer_commit_empty",
+                f"the input audio buffer holds less than {MIN_COMMIT_MS} ms of audio; append audio before committing",
+            )
         if self._transcribing >= MAX_TRANSCRIPTIONS:
-            raise ClientError("too_many_commits", f"{MAX_TRANSCRIPTIONS} committed buffers are still being "
-                              "transcribed; wait for their transcription events before committing more")
+            raise ClientError(
+                "too_many_commits",
+                f"{MAX_TRANSCRIPTIONS} committed buffers are still being "
+                "transcribed; wait for their transcription events before committing more",
+            )
         utterance = self.session.take_utterance()
         self._manual_samples = 0
         if utterance is None:
-            raise ClientError("input_audio_buffer_commit_empty", "the input audio buffer is empty; append audio "
-                              "before committing")
+            raise ClientError(
+                "input_audio_buffer_commit_empty", "the input audio buffer is empty; append audio before committing"
+            )
         item_id = new_id("item")
 
         async def transcribe() -> str:
@@ -92,8 +111,12 @@ class RealtimeInput:
                 text = await utterance.final()
             except Exception as exc:
                 self.warnings.warning("transcription failed", error=str(exc)[:200])
-                self.send("conversation.item.input_audio_transcription.failed", item_id=item_id, content_index=0,
-                          error={"type": "transcription_error", "code": "stt_failed", "message": str(exc)})
+                self.send(
+                    "conversation.item.input_audio_transcription.failed",
+                    item_id=item_id,
+                    content_index=0,
+                    error={"type": "transcription_error", "code": "stt_failed", "message": str(exc)},
+                )
                 return ""
             finally:
                 self._transcribing -= 1
@@ -108,8 +131,11 @@ class RealtimeInput:
 
     def clear(self) -> None:
         if self.server_vad and self.user_item is not None:
-            raise ClientError("cannot_clear_speech", "the server VAD is hearing speech right now and will commit "
-                              "it; set turn_detection to null for a buffer you control")
+            raise ClientError(
+                "cannot_clear_speech",
+                "the server VAD is hearing speech right now and will commit "
+                "it; set turn_detection to null for a buffer you control",
+            )
         self.audio.flush()
         self.session.clear_audio()
         self._manual_samples = 0
@@ -133,9 +159,10 @@ class RealtimeInput:
         item_id = self.user_item or self.spoken_item
         # the Realtime API's deltas only append: send what extends the text already sent
         if item_id and text.startswith(self._partial_sent) and len(text) > len(self._partial_sent):
-            delta, self._partial_sent = text[len(self._partial_sent):], text
-            self.send("conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0,
-                      delta=delta)
+            delta, self._partial_sent = text[len(self._partial_sent) :], text
+            self.send(
+                "conversation.item.input_audio_transcription.delta", item_id=item_id, content_index=0, delta=delta
+            )
 
     def final(self, text: str) -> str:
         """The spoken turn's transcript; returns its item id."""
@@ -152,8 +179,13 @@ class RealtimeInput:
         self.send("conversation.item.added", previous_item_id=previous, item=entry.to_json())
 
     def transcribed(self, item_id: str, text: str, seconds: float) -> None:
-        self.send("conversation.item.input_audio_transcription.completed", item_id=item_id, content_index=0,
-                  transcript=text, usage={"type": "duration", "seconds": round(seconds, 3)})
+        self.send(
+            "conversation.item.input_audio_transcription.completed",
+            item_id=item_id,
+            content_index=0,
+            transcript=text,
+            usage={"type": "duration", "seconds": round(seconds, 3)},
+        )
         entry = self.items.entries.get(item_id)
         if entry is not None:
             if entry.message is None:

@@ -71,19 +71,33 @@ class Items:
     def get(self, item_id: str, param: str = "item_id", event_id: str | None = None) -> Entry:
         entry = self.entries.get(item_id)
         if entry is None:
-            raise ClientError("item_not_found", f"no item {json.dumps(item_id[:64])} in this conversation; use an "
-                              "id from conversation.item.added", param=param, event_id=event_id)
+            raise ClientError(
+                "item_not_found",
+                f"no item {json.dumps(item_id[:64])} in this conversation; use an id from conversation.item.added",
+                param=param,
+                event_id=event_id,
+            )
         return entry
 
     # ---- adding --------------------------------------------------------------------------------------------
 
-    def add(self, entry: Entry, message: dict[str, Any] | None = None, *, after: str | None = None,
-            transcript: asyncio.Task[str] | None = None) -> str | None:
+    def add(
+        self,
+        entry: Entry,
+        message: dict[str, Any] | None = None,
+        *,
+        after: str | None = None,
+        transcript: asyncio.Task[str] | None = None,
+    ) -> str | None:
         """Register an item (after ``after``, "root" = first, default last); its message joins the history now,
         or when the turn in progress ends, or when ``transcript`` is ready. Returns the previous item's id."""
         if entry.id in self.entries:
-            raise ClientError("item_id_exists", f"an item with id {json.dumps(entry.id[:64])} already exists; "
-                              "leave the id out and the server picks one", param="item.id")
+            raise ClientError(
+                "item_id_exists",
+                f"an item with id {json.dumps(entry.id[:64])} already exists; "
+                "leave the id out and the server picks one",
+                param="item.id",
+            )
         anchor = self._anchor(after)
         previous = self.last_id
         self.entries[entry.id] = entry
@@ -242,14 +256,25 @@ def from_client(item: Item, item_id: str, event_id: str | None) -> tuple[Entry, 
             parsed: Any = json.loads(arguments)
         except ValueError:
             parsed = arguments
-        entry = Entry(item_id, "function_call", call_id=item.call_id or f"call_{item_id[-20:]}", name=item.name,
-                      arguments=arguments)
-        return entry, {"role": "assistant", "content": "",
-                       "tool_calls": [{"type": "function", "function": {"name": item.name, "arguments": parsed}}]}
+        entry = Entry(
+            item_id,
+            "function_call",
+            call_id=item.call_id or f"call_{item_id[-20:]}",
+            name=item.name,
+            arguments=arguments,
+        )
+        return entry, {
+            "role": "assistant",
+            "content": "",
+            "tool_calls": [{"type": "function", "function": {"name": item.name, "arguments": parsed}}],
+        }
     if item.type == "function_call_output":
         if item.call_id is None or item.output is None:
-            raise bad("invalid_value", "a function_call_output item needs call_id and output",
-                      "item.call_id" if item.call_id is None else "item.output")
+            raise bad(
+                "invalid_value",
+                "a function_call_output item needs call_id and output",
+                "item.call_id" if item.call_id is None else "item.output",
+            )
         entry = Entry(item_id, "function_call_output", call_id=item.call_id, output=item.output)
         return entry, {"role": "tool", "content": item.output, "tool_call_id": item.call_id}
     if item.role is None:
@@ -257,13 +282,20 @@ def from_client(item: Item, item_id: str, event_id: str | None) -> tuple[Entry, 
     texts, part = [], {"user": "input_text", "system": "input_text", "assistant": "output_text"}[item.role]
     for i, p in enumerate(item.content or []):
         if p.type == "input_image":
-            raise bad("unsupported_content", "images are not supported (the model reads text); send input_text",
-                      f"item.content.{i}.type")
+            raise bad(
+                "unsupported_content",
+                "images are not supported (the model reads text); send input_text",
+                f"item.content.{i}.type",
+            )
         spoken = p.type in ("input_audio", "output_audio", "audio")
         text = p.transcript if spoken else p.text
         if text is None and spoken:
-            raise bad("unsupported_content", "an audio part needs its transcript here; send speech with "
-                      "input_audio_buffer.append (the server transcribes it)", f"item.content.{i}.transcript")
+            raise bad(
+                "unsupported_content",
+                "an audio part needs its transcript here; send speech with "
+                "input_audio_buffer.append (the server transcribes it)",
+                f"item.content.{i}.transcript",
+            )
         if spoken:
             part = "input_audio" if item.role == "user" else "output_audio"
         texts.append(text or "")

@@ -52,8 +52,9 @@ class Responses:
         self.current: Response | None = None
         self.replied_items: list[str] = []  # assistant messages, oldest first (truncate names one of them)
 
-    def open(self, modalities: list[str], metadata: dict[str, str] | None, fmt: WireFormat,
-             max_output_tokens: int) -> Response:
+    def open(
+        self, modalities: list[str], metadata: dict[str, str] | None, fmt: WireFormat, max_output_tokens: int
+    ) -> Response:
         audio_out = AudioOut(fmt, self.voice_rate) if "audio" in modalities else None
         r = self.current = Response(new_id("resp"), modalities, fmt, max_output_tokens, metadata, audio_out)
         self.send("response.created", response=self.response_object(r, "in_progress"))
@@ -72,8 +73,14 @@ class Responses:
     def _message(self, r: Response) -> Entry:
         """The response's assistant message, opened at its first content."""
         if r.message is None:
-            r.message = Entry(new_id("item"), "message", "assistant", "output_audio" if r.audio else "output_text",
-                              text="", status="in_progress")
+            r.message = Entry(
+                new_id("item"),
+                "message",
+                "assistant",
+                "output_audio" if r.audio else "output_text",
+                text="",
+                status="in_progress",
+            )
             self._add_output(r, r.message)
             self.replied_items = (self.replied_items + [r.message.id])[-16:]
             part = {"type": "audio", "transcript": ""} if r.audio else {"type": "text", "text": ""}
@@ -105,20 +112,26 @@ class Responses:
         r = self.current
         if r is None:
             return None
-        entry = Entry(new_id("item"), "function_call", call_id=new_id("call"), name=name, arguments="",
-                      status="in_progress")
+        entry = Entry(
+            new_id("item"), "function_call", call_id=new_id("call"), name=name, arguments="", status="in_progress"
+        )
         self._add_output(r, entry)
         ids = {**self._ids(r, entry), "call_id": entry.call_id}
         self.send("response.function_call_arguments.delta", **ids, delta=arguments)
         self.send("response.function_call_arguments.done", **ids, name=entry.name, arguments=arguments)
         entry.arguments, entry.status = arguments, "completed"
-        self.send("response.output_item.done", response_id=r.id, output_index=ids["output_index"],
-                  item=entry.to_json())
+        self.send("response.output_item.done", response_id=r.id, output_index=ids["output_index"], item=entry.to_json())
         self.send("conversation.item.done", previous_item_id=None, item=entry.to_json())
         return entry
 
-    def close(self, status: str, *, reply: str | None = None, trace: dict[str, Any] | None = None,
-              error: dict[str, Any] | None = None) -> Response | None:
+    def close(
+        self,
+        status: str,
+        *,
+        reply: str | None = None,
+        trace: dict[str, Any] | None = None,
+        error: dict[str, Any] | None = None,
+    ) -> Response | None:
         r, self.current = self.current, None
         if r is None:
             return None
@@ -140,14 +153,17 @@ class Responses:
             entry.status = "completed" if status == "completed" else "incomplete"
             if entry.message is None:
                 entry.text = text
-            self.send("response.output_item.done", response_id=r.id, output_index=ids["output_index"],
-                      item=entry.to_json())
+            self.send(
+                "response.output_item.done", response_id=r.id, output_index=ids["output_index"], item=entry.to_json()
+            )
             self.send("conversation.item.done", previous_item_id=None, item=entry.to_json())
         metadata = dict(r.metadata or {})
         if trace is not None:
             self.send("specvoice.latency", response_id=r.id, item_id=entry.id if entry else None, trace=trace)
-            metadata[LATENCY_KEY] = json.dumps({k: trace.get(k) for k in (
-                "turn_id", "stages_ms", "marks_ms", "over_budget", "interrupted")}, separators=(",", ":"))
+            metadata[LATENCY_KEY] = json.dumps(
+                {k: trace.get(k) for k in ("turn_id", "stages_ms", "marks_ms", "over_budget", "interrupted")},
+                separators=(",", ":"),
+            )
         details: dict[str, Any] | None = None
         if status == "cancelled":
             details = {"type": "cancelled", "reason": r.cancel_reason}
@@ -160,10 +176,19 @@ class Responses:
         return r
 
     def response_object(self, r: Response, status: str, details: dict[str, Any] | None = None) -> dict[str, Any]:
-        return {"id": r.id, "object": "realtime.response", "status": status, "status_details": details,
-                "output": [e.to_json() for e in r.outputs], "conversation_id": self.conversation_id,
-                "output_modalities": r.modalities, "metadata": r.metadata, "max_output_tokens": r.max_output_tokens,
-                "audio": {"output": {"format": r.format.to_json()}}, "usage": None}
+        return {
+            "id": r.id,
+            "object": "realtime.response",
+            "status": status,
+            "status_details": details,
+            "output": [e.to_json() for e in r.outputs],
+            "conversation_id": self.conversation_id,
+            "output_modalities": r.modalities,
+            "metadata": r.metadata,
+            "max_output_tokens": r.max_output_tokens,
+            "audio": {"output": {"format": r.format.to_json()}},
+            "usage": None,
+        }
 
 
 class RealtimeSink:
@@ -205,9 +230,16 @@ def usage(decoder: dict[str, Any] | None) -> dict[str, Any]:
     prompt = int(decoder.get("prompt_tokens", 0)) if decoder else 0
     cached = max(0, prompt - int(decoder.get("prefill_tokens", 0))) if decoder else 0
     reply = int(decoder.get("new_tokens", 0)) if decoder else 0
-    return {"total_tokens": prompt + reply, "input_tokens": prompt, "output_tokens": reply,
-            "input_token_details": {"text_tokens": prompt, "audio_tokens": 0, "image_tokens": 0,
-                                    "cached_tokens": cached,
-                                    "cached_tokens_details": {"text_tokens": cached, "audio_tokens": 0,
-                                                              "image_tokens": 0}},
-            "output_token_details": {"text_tokens": reply, "audio_tokens": 0}}
+    return {
+        "total_tokens": prompt + reply,
+        "input_tokens": prompt,
+        "output_tokens": reply,
+        "input_token_details": {
+            "text_tokens": prompt,
+            "audio_tokens": 0,
+            "image_tokens": 0,
+            "cached_tokens": cached,
+            "cached_tokens_details": {"text_tokens": cached, "audio_tokens": 0, "image_tokens": 0},
+        },
+        "output_token_details": {"text_tokens": reply, "audio_tokens": 0},
+    }

@@ -46,10 +46,12 @@ KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the token: how a browser (no c
 
 # ---- the handshake: tokens, subprotocols, the page -----------------------------------------------------------
 
+
 def offered_subprotocols(request: Request) -> list[str]:
     """The subprotocols a client offered (Sec-WebSocket-Protocol, comma-separated, possibly repeated)."""
-    return [p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol")
-            for p in value.split(",") if p.strip()]
+    return [
+        p.strip() for value in request.headers.get_all("Sec-WebSocket-Protocol") for p in value.split(",") if p.strip()
+    ]
 
 
 def offered_token(request: Request) -> str | None:
@@ -61,7 +63,7 @@ def offered_token(request: Request) -> str | None:
         return header[7:]
     for protocol in offered_subprotocols(request):
         if protocol.startswith(KEY_SUBPROTOCOL):
-            return protocol[len(KEY_SUBPROTOCOL):]
+            return protocol[len(KEY_SUBPROTOCOL) :]
     values = parse_qs(urlsplit(request.path).query).get("token")
     return values[0] if values else None
 
@@ -122,9 +124,17 @@ class RealtimeServer:
 
     async def start(self) -> None:
         s = self.config.server
-        self._server = await serve(self._handle, s.host, s.port, max_size=s.max_message_bytes,
-                                   process_request=self._process_request, select_subprotocol=select_subprotocol,
-                                   ping_interval=20, ping_timeout=20, close_timeout=3)
+        self._server = await serve(
+            self._handle,
+            s.host,
+            s.port,
+            max_size=s.max_message_bytes,
+            process_request=self._process_request,
+            select_subprotocol=select_subprotocol,
+            ping_interval=20,
+            ping_timeout=20,
+            close_timeout=3,
+        )
 
     def _authorized(self, request: Request) -> bool:
         token = self.config.server.token
@@ -139,8 +149,9 @@ class RealtimeServer:
             return health_response(connection, self.shared)
         if path == METRICS_PATH:
             if not self._authorized(request):
-                return connection.respond(HTTPStatus.UNAUTHORIZED, "missing or wrong token; send "
-                                          "'Authorization: Bearer <server.token>'\n")
+                return connection.respond(
+                    HTTPStatus.UNAUTHORIZED, "missing or wrong token; send 'Authorization: Bearer <server.token>'\n"
+                )
             response = connection.respond(HTTPStatus.OK, self.shared.metrics.render().decode())
             del response.headers["Content-Type"]
             response.headers["Content-Type"] = CONTENT_TYPE
@@ -149,16 +160,25 @@ class RealtimeServer:
         if page is not None:
             return page
         if path not in PATHS:
-            return connection.respond(HTTPStatus.NOT_FOUND, f"no such path {path!r}; the websocket API is at "
-                                      f"{PATHS[0]}, the page at / and metrics at {METRICS_PATH}\n")
+            return connection.respond(
+                HTTPStatus.NOT_FOUND,
+                f"no such path {path!r}; the websocket API is at "
+                f"{PATHS[0]}, the page at / and metrics at {METRICS_PATH}\n",
+            )
         origin, host = one_header(request, "Origin"), one_header(request, "Host")
         if not origin_allowed(origin, host, self.config.server.allowed_origins):
             self.shared.metrics.rejected.labels("websocket", "origin").inc()
             address = connection.remote_address
-            self._refusals.warn(str(address[0]) if address else "?", "cross-origin websocket refused",
-                                origin=origin[:200] if origin else None)
-            return connection.respond(HTTPStatus.FORBIDDEN, "this page's origin may not open the websocket; fix: "
-                                      "add it to server.allowed_origins (scheme://host[:port])\n")
+            self._refusals.warn(
+                str(address[0]) if address else "?",
+                "cross-origin websocket refused",
+                origin=origin[:200] if origin else None,
+            )
+            return connection.respond(
+                HTTPStatus.FORBIDDEN,
+                "this page's origin may not open the websocket; fix: "
+                "add it to server.allowed_origins (scheme://host[:port])\n",
+            )
         return None
 
     async def _handle(self, ws: ServerConnection) -> None:
@@ -166,13 +186,17 @@ class RealtimeServer:
         assert ws.request is not None
         if not self._authorized(ws.request):
             metrics.rejected.labels("websocket", "token").inc()
-            await ws.close(CLOSE_POLICY, "missing or wrong token: send 'Authorization: Bearer <t>', subprotocol "
-                                         "openai-insecure-api-key.<t> or ?token=<t>")  # <= 123 bytes
+            await ws.close(
+                CLOSE_POLICY,
+                "missing or wrong token: send 'Authorization: Bearer <t>', subprotocol "
+                "openai-insecure-api-key.<t> or ?token=<t>",
+            )  # <= 123 bytes
             return
         if not slots.acquire():
             metrics.rejected.labels("websocket", "sessions").inc()
-            await ws.close(CLOSE_TRY_AGAIN, f"server busy: {slots.limit} sessions open (server.max_sessions); "
-                                            "try again later")
+            await ws.close(
+                CLOSE_TRY_AGAIN, f"server busy: {slots.limit} sessions open (server.max_sessions); try again later"
+            )
             return
         try:
             conn = RealtimeConnection(ws, self.shared, peer=str(ws.remote_address))

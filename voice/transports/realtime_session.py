@@ -35,8 +35,16 @@ class Settings:
     def updated(self, params: SessionParams | ResponseParams, default_tokens: int) -> Settings:
         """These settings with a session.update (or a response.create's overrides) applied: a new object, so a
         request with one bad field changes nothing (ClientError names the field)."""
-        copy = Settings(self.instructions, self.max_output_tokens, self.temperature, list(self.modalities),
-                        self.input_format, self.output_format, list(self.tools), self.tool_choice)
+        copy = Settings(
+            self.instructions,
+            self.max_output_tokens,
+            self.temperature,
+            list(self.modalities),
+            self.input_format,
+            self.output_format,
+            list(self.tools),
+            self.tool_choice,
+        )
         copy._update(params, default_tokens)
         return copy
 
@@ -50,8 +58,7 @@ class Settings:
         if params.tool_choice is not None:
             self.tool_choice = "none" if params.tool_choice == "none" else "auto"
         if params.max_output_tokens is not None:
-            self.max_output_tokens = (default_tokens if params.max_output_tokens == "inf"
-                                      else params.max_output_tokens)
+            self.max_output_tokens = default_tokens if params.max_output_tokens == "inf" else params.max_output_tokens
         if params.temperature is not None:
             self.temperature = params.temperature
         audio = params.audio
@@ -67,37 +74,78 @@ class Settings:
         """The tools as a chat template takes them (transformers' ``tools=``), or None (none, or choice none)."""
         if not self.tools or self.tool_choice == "none":
             return None
-        return [{"type": "function", "function": {
-            "name": t.name, "description": t.description or "",
-            "parameters": t.parameters or {"type": "object", "properties": {}}}} for t in self.tools]
+        return [
+            {
+                "type": "function",
+                "function": {
+                    "name": t.name,
+                    "description": t.description or "",
+                    "parameters": t.parameters or {"type": "object", "properties": {}},
+                },
+            }
+            for t in self.tools
+        ]
 
     def tools_json(self) -> list[dict[str, Any]]:
-        return [{"type": "function", "name": t.name, "description": t.description or "",
-                 "parameters": t.parameters or {"type": "object", "properties": {}}} for t in self.tools]
+        return [
+            {
+                "type": "function",
+                "name": t.name,
+                "description": t.description or "",
+                "parameters": t.parameters or {"type": "object", "properties": {}},
+            }
+            for t in self.tools
+        ]
 
 
 def asks_for_unsupported(params: ResponseParams) -> tuple[str, str] | None:
     """A response.create parameter we cannot honour and must not ignore: (param, why), else None."""
     if params.conversation not in (None, "auto"):
-        return "response.conversation", ("out-of-band responses (conversation other than 'auto') are not supported; "
-                                         "omit response.conversation")
+        return "response.conversation", (
+            "out-of-band responses (conversation other than 'auto') are not supported; omit response.conversation"
+        )
     if params.input is not None:
-        return "response.input", ("a response with its own input items is not supported; add the items with "
-                                  "conversation.item.create, then send response.create without input")
+        return "response.input", (
+            "a response with its own input items is not supported; add the items with "
+            "conversation.item.create, then send response.create without input"
+        )
     return None
 
 
 def session_object(config: Any, session_id: str, s: Settings, server_vad: bool) -> dict[str, Any]:
     """The effective session configuration (what session.created / session.updated report)."""
     cfg = config
-    vad = ({"type": "server_vad", "threshold": cfg.vad.threshold, "prefix_padding_ms": cfg.vad.preroll_ms,
-            "silence_duration_ms": cfg.vad.end_silence_ms, "create_response": True, "interrupt_response": True,
-            "idle_timeout_ms": None} if server_vad else None)
-    return {"type": "realtime", "object": "realtime.session", "id": session_id, "model": cfg.models.target,
-            "output_modalities": list(s.modalities), "instructions": s.instructions,
-            "max_output_tokens": s.max_output_tokens, "temperature": s.temperature,
-            "tools": s.tools_json(), "tool_choice": s.tool_choice,
-            "audio": {"input": {"format": s.input_format.to_json(),
-                                "transcription": {"model": cfg.models.stt, "language": cfg.stt.language},
-                                "turn_detection": vad, "noise_reduction": None},
-                      "output": {"format": s.output_format.to_json(), "voice": cfg.models.tts, "speed": 1.0}}}
+    vad = (
+        {
+            "type": "server_vad",
+            "threshold": cfg.vad.threshold,
+            "prefix_padding_ms": cfg.vad.preroll_ms,
+            "silence_duration_ms": cfg.vad.end_silence_ms,
+            "create_response": True,
+            "interrupt_response": True,
+            "idle_timeout_ms": None,
+        }
+        if server_vad
+        else None
+    )
+    return {
+        "type": "realtime",
+        "object": "realtime.session",
+        "id": session_id,
+        "model": cfg.models.target,
+        "output_modalities": list(s.modalities),
+        "instructions": s.instructions,
+        "max_output_tokens": s.max_output_tokens,
+        "temperature": s.temperature,
+        "tools": s.tools_json(),
+        "tool_choice": s.tool_choice,
+        "audio": {
+            "input": {
+                "format": s.input_format.to_json(),
+                "transcription": {"model": cfg.models.stt, "language": cfg.stt.language},
+                "turn_detection": vad,
+                "noise_reduction": None,
+            },
+            "output": {"format": s.output_format.to_json(), "voice": cfg.models.tts, "speed": 1.0},
+        },
+    }

@@ -63,15 +63,18 @@ def load_json(text: str) -> Any:
     try:
         raw = json.loads(text, parse_float=_finite, parse_constant=_no_constant)
     except RecursionError:
-        raise ClientError("invalid_json", f"the message is nested too deeply; keep JSON nesting under {MAX_DEPTH} "
-                          "levels") from None
+        raise ClientError(
+            "invalid_json", f"the message is nested too deeply; keep JSON nesting under {MAX_DEPTH} levels"
+        ) from None
     except _BadNumber as exc:
-        raise ClientError("invalid_json", f"the message is not valid JSON for this API: {exc}; send finite "
-                          "numbers") from None
+        raise ClientError(
+            "invalid_json", f"the message is not valid JSON for this API: {exc}; send finite numbers"
+        ) from None
     except ValueError as exc:  # JSONDecodeError, and int() refusing a number of thousands of digits
         detail = str(exc).split(";")[0][:120]
-        raise ClientError("invalid_json", f"the message is not valid JSON ({detail}); send one JSON object per "
-                          "text frame") from None
+        raise ClientError(
+            "invalid_json", f"the message is not valid JSON ({detail}); send one JSON object per text frame"
+        ) from None
     _check_shape(raw)
     return raw
 
@@ -84,18 +87,19 @@ def _check_shape(raw: Any) -> None:
         value, depth = stack.pop()
         seen += 1
         if seen > MAX_VALUES:
-            raise ClientError("invalid_json", f"the message holds more than {MAX_VALUES} JSON values; send less "
-                              "per event")
+            raise ClientError(
+                "invalid_json", f"the message holds more than {MAX_VALUES} JSON values; send less per event"
+            )
         children = value.values() if isinstance(value, dict) else value if isinstance(value, list) else None
         if children is None:
             continue
         if depth > MAX_DEPTH:
-            raise ClientError("invalid_json", f"the message is nested more than {MAX_DEPTH} levels deep; "
-                              "flatten it")
+            raise ClientError("invalid_json", f"the message is nested more than {MAX_DEPTH} levels deep; flatten it")
         stack.extend((child, depth + 1) for child in children)
 
 
 # ---- audio formats -------------------------------------------------------------------------------------------
+
 
 @dataclass(frozen=True)
 class WireFormat:
@@ -109,17 +113,24 @@ class WireFormat:
         if kind == "audio/pcm":
             rate = WIRE_RATE if rate is None else rate
             if rate not in PCM_RATES:
-                raise ClientError("unsupported_audio_format", f"audio/pcm at {rate} Hz is not supported; supported "
-                                  f"rates: {', '.join(map(str, PCM_RATES))} (24000 is the Realtime default)",
-                                  param=param)
+                raise ClientError(
+                    "unsupported_audio_format",
+                    f"audio/pcm at {rate} Hz is not supported; supported "
+                    f"rates: {', '.join(map(str, PCM_RATES))} (24000 is the Realtime default)",
+                    param=param,
+                )
             return cls(kind, rate)
         if kind in ("audio/pcmu", "audio/pcma"):
             if rate not in (None, g711.RATE):
-                raise ClientError("unsupported_audio_format", f"{kind} is G.711 at 8000 Hz only (got rate {rate})",
-                                  param=param)
+                raise ClientError(
+                    "unsupported_audio_format", f"{kind} is G.711 at 8000 Hz only (got rate {rate})", param=param
+                )
             return cls(kind, g711.RATE)
-        raise ClientError("unsupported_audio_format", f"unsupported audio format {kind!r}; supported: "
-                          f"{', '.join(FORMATS)}", param=param)
+        raise ClientError(
+            "unsupported_audio_format",
+            f"unsupported audio format {kind!r}; supported: {', '.join(FORMATS)}",
+            param=param,
+        )
 
     def to_json(self) -> dict[str, Any]:
         return {"type": self.type, "rate": self.rate} if self.type == "audio/pcm" else {"type": self.type}
@@ -134,15 +145,19 @@ class WireFormat:
         try:
             raw = base64.b64decode(b64, validate=True)
         except (binascii.Error, ValueError):
-            raise ClientError("invalid_audio", f"audio is not valid base64; send {self.describe()}",
-                              param="audio") from None
+            raise ClientError(
+                "invalid_audio", f"audio is not valid base64; send {self.describe()}", param="audio"
+            ) from None
         if self.type == "audio/pcmu":
             return g711.ulaw_decode(raw)
         if self.type == "audio/pcma":
             return g711.alaw_decode(raw)
         if len(raw) % 2:
-            raise ClientError("invalid_audio", f"audio has {len(raw)} bytes, an odd number: pcm16 needs 2 bytes per "
-                              f"sample; send {self.describe()}", param="audio")
+            raise ClientError(
+                "invalid_audio",
+                f"audio has {len(raw)} bytes, an odd number: pcm16 needs 2 bytes per sample; send {self.describe()}",
+                param="audio",
+            )
         return np.frombuffer(raw, dtype="<i2").astype(np.int16)
 
     def encode(self, samples: np.ndarray) -> str:
