@@ -6,7 +6,7 @@ SPECVOICE := $(VENV)/bin/specvoice
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install system-deps demo test prepare-small prepare-default
+.PHONY: install system-deps demo test lint prepare-small prepare-default
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
@@ -40,5 +40,11 @@ prepare-small: install
 demo: prepare-default
 	$(SPECVOICE) -c configs/default.toml demo
 
-test: system-deps prepare-default prepare-small
+# ruff (lint + format) and mypy, configured in pyproject.toml; runs first in `make test`
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+test: system-deps lint prepare-default prepare-small
 	$(PY) -m pytest -q -p no:cacheprovider

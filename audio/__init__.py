@@ -9,7 +9,21 @@ from audio.vad import Vad, VadEvent
 from audio.wavfile import WavFormatError, read_wav, write_wav
 
 __all__ = [
-    "AudioChunk", "AudioSink", "DeviceError", "MicSource", "SpeakerSink", "Vad", "VadEvent", "WavFormatError",
-    "WavSink", "WavSource", "find_device", "list_devices", "read_wav", "resample", "to_float32", "to_int16",
+    "AudioChunk",
+    "AudioSink",
+    "DeviceError",
+    "MicSource",
+    "SpeakerSink",
+    "Vad",
+    "VadEvent",
+    "WavFormatError",
+    "WavSink",
+    "WavSource",
+    "find_device",
+    "list_devices",
+    "read_wav",
+    "resample",
+    "to_float32",
+    "to_int16",
     "write_wav",
 ]

@@ -25,8 +25,10 @@ class Device:
 def list_devices() -> list[Device]:
     import sounddevice as sd  # imported late: PortAudio is only needed where real devices are used
 
-    return [Device(i, d["name"], d["max_input_channels"], d["max_output_channels"], d["default_samplerate"])
-            for i, d in enumerate(sd.query_devices())]
+    return [
+        Device(i, d["name"], d["max_input_channels"], d["max_output_channels"], d["default_samplerate"])
+        for i, d in enumerate(sd.query_devices())
+    ]
 
 
 def _describe(devices: list[Device], kind: str) -> str:
@@ -50,8 +52,10 @@ def find_device(spec: str | int | None, kind: str) -> int | None:
     if isinstance(spec, int) or (isinstance(spec, str) and spec.strip().isdigit()):
         index = int(spec)
         if not 0 <= index < len(devices) or not has(devices[index]):
-            raise DeviceError(f"audio {kind} device index {index} does not exist or has no {kind} channels; "
-                              f"fix: set audio.{kind}_device to one of the {_describe(devices, kind)}")
+            raise DeviceError(
+                f"audio {kind} device index {index} does not exist or has no {kind} channels; "
+                f"fix: set audio.{kind}_device to one of the {_describe(devices, kind)}"
+            )
         return index
     exact = [d for d in devices if d.name == spec and has(d)]
     if exact:
@@ -60,7 +64,9 @@ def find_device(spec: str | int | None, kind: str) -> int | None:
     if len(matches) == 1:
         return matches[0].index
     if not matches:
-        raise DeviceError(f"no audio {kind} device named {spec!r}; "
-                          f"fix: set audio.{kind}_device to one of the {_describe(devices, kind)}")
+        raise DeviceError(
+            f"no audio {kind} device named {spec!r}; "
+            f"fix: set audio.{kind}_device to one of the {_describe(devices, kind)}"
+        )
     names = ", ".join(f"{d.index}: {d.name!r}" for d in matches)
     raise DeviceError(f"audio {kind} device name {spec!r} is ambiguous ({names}); fix: use the full name or the index")

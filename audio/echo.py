@@ -69,12 +69,22 @@ class EchoCanceller:
     distortion (the suppressor has to absorb it) and echo arriving later than ``filter_ms``.
     """
 
-    def __init__(self, sample_rate: int = 16000, block: int = 320, filter_ms: int = 200, *,
-                 step: float = 1.0, suppress: bool = True, suppress_floor_db: float = -60.0,
-                 over_suppress: float = 4.0) -> None:
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        block: int = 320,
+        filter_ms: int = 200,
+        *,
+        step: float = 1.0,
+        suppress: bool = True,
+        suppress_floor_db: float = -60.0,
+        over_suppress: float = 4.0,
+    ) -> None:
         if sample_rate <= 0 or block <= 0 or filter_ms <= 0:
-            raise ValueError(f"sample_rate, block and filter_ms must be positive (got {sample_rate}, {block}, "
-                             f"{filter_ms}); fix: e.g. EchoCanceller(16000, 320, 200)")
+            raise ValueError(
+                f"sample_rate, block and filter_ms must be positive (got {sample_rate}, {block}, "
+                f"{filter_ms}); fix: e.g. EchoCanceller(16000, 320, 200)"
+            )
         if not 0.0 < step <= 1.0:
             raise ValueError(f"step must be in (0, 1] (got {step}); fix: 1.0 (the default) converges fastest")
         self.sample_rate, self.block = sample_rate, block
@@ -131,8 +141,8 @@ class EchoCanceller:
         self._head = (self._head - 1) % P
         newest = np.fft.rfft(np.concatenate((self._ref_prev, r)))
         self._xbuf[self._head] = self._xbuf[self._head + P] = newest
-        self._pbuf[self._head] = self._pbuf[self._head + P] = newest.real ** 2 + newest.imag ** 2
-        X = self._xbuf[self._head:self._head + P]
+        self._pbuf[self._head] = self._pbuf[self._head + P] = newest.real**2 + newest.imag**2
+        X = self._xbuf[self._head : self._head + P]
         self._ref_prev = r
         y_fg, y_bg = np.fft.irfft((self._w * X).sum(axis=1), axis=1)[:, B:]  # both filters in one transform
         e_fg, e_bg = d - y_fg, d - y_bg
@@ -153,7 +163,7 @@ class EchoCanceller:
         # 3. adapt the background filter (NLMS, normalised per bin by the reference power over the whole filter)
         if float(r @ r) / B > _SILENT_POWER:
             E_bg = np.fft.rfft(np.concatenate((np.zeros(B), e_bg)))
-            norm = self._pbuf[self._head:self._head + P].sum(axis=0) + self._delta
+            norm = self._pbuf[self._head : self._head + P].sum(axis=0) + self._delta
             grad = np.fft.irfft(np.conj(X) * (self.step * E_bg / norm), axis=1)
             grad[:, B:] = 0.0  # gradient constraint: keep the filter a linear convolution of B taps per partition
             self._w[1] += np.fft.rfft(grad, axis=1)
@@ -166,8 +176,10 @@ class EchoCanceller:
             self._err_fast = 0.5 * self._err_fast + 0.5 * float(e_fg @ e_fg)
             self._est_fast = 0.5 * self._est_fast + 0.5 * float(y_fg @ y_fg)
             loud = self._mic_fast > 30 * mic_floor
-            wrong = (self._err_fast > self._mic_fast + 0.5 * self._est_fast  # mic + an uncorrelated estimate
-                     and self._est_fast > 0.1 * self._mic_fast)  # (a user far louder than the echo is not a sign)
+            wrong = (
+                self._err_fast > self._mic_fast + 0.5 * self._est_fast  # mic + an uncorrelated estimate
+                and self._est_fast > 0.1 * self._mic_fast
+            )  # (a user far louder than the echo is not a sign)
             self._worse = self._worse + 1 if loud and wrong else 0
             if self._worse >= 2 and self.adapted:
                 self._w[0] = 0.0  # output the plain mic rather than mic + a wrong echo estimate
@@ -187,11 +199,11 @@ class EchoCanceller:
         """Per-bin gain on the short-time spectrum of the linear output; returns the previous block."""
         w = self._window
         frames = np.concatenate((self._prev, np.stack((e, y, r))), axis=1)  # error, echo estimate, reference
-        self._prev = frames[:, self.block:]
+        self._prev = frames[:, self.block :]
         E, Y, Xs = np.fft.rfft(w * frames, axis=1)
-        err2, est2 = E.real ** 2 + E.imag ** 2, Y.real ** 2 + Y.imag ** 2
+        err2, est2 = E.real**2 + E.imag**2, Y.real**2 + Y.imag**2
         self._hist_i = (self._hist_i + 1) % len(self._ref_hist)  # a ring: only its maximum is used
-        self._ref_hist[self._hist_i] = Xs.real ** 2 + Xs.imag ** 2
+        self._ref_hist[self._hist_i] = Xs.real**2 + Xs.imag**2
         if self._ref_hist[self._hist_i].any():
             self._leak_fg.update(err2, est2)
         residual = self._leak_fg.value * est2
@@ -209,8 +221,8 @@ class EchoCanceller:
         fill = np.sqrt(np.maximum(0.0, 1.0 - gain**2) * noise)
         phase = np.exp(2j * np.pi * self._rng.random(len(fill)))
         frame = w * np.fft.irfft(gain * E + fill * phase)
-        out = self._tail + frame[:self.block]
-        self._tail = frame[self.block:]
+        out = self._tail + frame[: self.block]
+        self._tail = frame[self.block :]
         return out
 
 
@@ -251,8 +263,9 @@ class EchoSuppressor:
     with or without playback, so the stream and the delay stay continuous.
     """
 
-    def __init__(self, sample_rate: int = 16000, mode: Mode = "cancel", *, block: int = 320,
-                 filter_ms: int = 200) -> None:
+    def __init__(
+        self, sample_rate: int = 16000, mode: Mode = "cancel", *, block: int = 320, filter_ms: int = 200
+    ) -> None:
         if mode not in ("off", "gate", "cancel"):
             raise ValueError(f"unknown echo mode {mode!r}; fix: use 'off', 'gate' or 'cancel'")
         self.mode, self.sample_rate, self.block = mode, sample_rate, block
@@ -275,8 +288,10 @@ class EchoSuppressor:
             reference = np.zeros(len(mic), np.int16)
         reference = check_block("reference", reference, None)
         if len(reference) != len(mic):
-            raise ValueError(f"mic has {len(mic)} samples but reference has {len(reference)}; the reference must "
-                             f"cover exactly the same interval; fix: pad it with zeros (silence) or trim it")
+            raise ValueError(
+                f"mic has {len(mic)} samples but reference has {len(reference)}; the reference must "
+                f"cover exactly the same interval; fix: pad it with zeros (silence) or trim it"
+            )
         if self.mode == "off":
             return mic
         self._mic = np.concatenate((self._mic, mic))
@@ -288,7 +303,7 @@ class EchoSuppressor:
             self._mic, self._ref = self._mic[B:], self._ref[B:]
             done.append(self._block(m, r))
         self._out = np.concatenate([self._out, *done])
-        out, self._out = self._out[:len(mic)], self._out[len(mic):]
+        out, self._out = self._out[: len(mic)], self._out[len(mic) :]
         return out
 
     def _block(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:

@@ -12,28 +12,28 @@ from __future__ import annotations
 
 import numpy as np
 
-RATE = 8000                # G.711's sample rate
-_ULAW_BIAS = 0x84          # added to the magnitude so that every segment starts on a power of two
-_ULAW_CLIP = 8159          # largest magnitude u-law represents (in 14-bit units)
+RATE = 8000  # G.711's sample rate
+_ULAW_BIAS = 0x84  # added to the magnitude so that every segment starts on a power of two
+_ULAW_CLIP = 8159  # largest magnitude u-law represents (in 14-bit units)
 
 
 def ulaw_encode(samples: np.ndarray) -> bytes:
     """int16 samples -> u-law bytes."""
-    x = _as_int16(samples).astype(np.int32) >> 2                       # 14-bit
+    x = _as_int16(samples).astype(np.int32) >> 2  # 14-bit
     mask = np.where(x < 0, 0x7F, 0xFF)
-    mag = np.minimum(np.abs(x), _ULAW_CLIP) + (_ULAW_BIAS >> 2)        # 33 .. 8192
-    seg = _segment(mag, first_end=0x3F)                                # 0..8
-    code = np.where(seg > 7, 0x7F, (seg << 4) | ((mag >> (seg + 1)) & 0x0F))   # 8: past the top, clipped
+    mag = np.minimum(np.abs(x), _ULAW_CLIP) + (_ULAW_BIAS >> 2)  # 33 .. 8192
+    seg = _segment(mag, first_end=0x3F)  # 0..8
+    code = np.where(seg > 7, 0x7F, (seg << 4) | ((mag >> (seg + 1)) & 0x0F))  # 8: past the top, clipped
     return (code ^ mask).astype(np.uint8).tobytes()
 
 
 def alaw_encode(samples: np.ndarray) -> bytes:
     """int16 samples -> A-law bytes."""
-    x = _as_int16(samples).astype(np.int32) >> 3                       # 13-bit
+    x = _as_int16(samples).astype(np.int32) >> 3  # 13-bit
     negative = x < 0
     mask = np.where(negative, 0x55, 0xD5)
-    mag = np.where(negative, -x - 1, x)                                # 0 .. 4095
-    seg = np.minimum(_segment(mag, first_end=0x1F), 7)                 # 4095 is the top of segment 7
+    mag = np.where(negative, -x - 1, x)  # 0 .. 4095
+    seg = np.minimum(_segment(mag, first_end=0x1F), 7)  # 4095 is the top of segment 7
     mantissa = np.where(seg < 2, mag >> 1, mag >> np.maximum(seg, 1)) & 0x0F
     return (((seg << 4) | mantissa) ^ mask).astype(np.uint8).tobytes()
 

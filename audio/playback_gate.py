@@ -17,16 +17,21 @@ _SILENT_POWER = 1e-8  # mean square of a float signal in [-1, 1): about -80 dBFS
 def check_block(name: str, samples: np.ndarray, length: int | None) -> np.ndarray:
     """Validate one int16 mono block; the message says what is wrong and how to fix it."""
     if not isinstance(samples, np.ndarray):
-        raise TypeError(f"{name} must be a numpy int16 array (got {type(samples).__name__}); "
-                        f"fix: np.asarray(...).astype(np.int16) or audio.frames.to_int16")
+        raise TypeError(
+            f"{name} must be a numpy int16 array (got {type(samples).__name__}); "
+            f"fix: np.asarray(...).astype(np.int16) or audio.frames.to_int16"
+        )
     if samples.dtype != np.int16:
-        raise TypeError(f"{name} must be int16 mono samples (got dtype {samples.dtype}); "
-                        f"fix: convert with audio.frames.to_int16")
+        raise TypeError(
+            f"{name} must be int16 mono samples (got dtype {samples.dtype}); fix: convert with audio.frames.to_int16"
+        )
     if samples.ndim != 1:
         raise ValueError(f"{name} must be a 1-D mono block (got shape {samples.shape}); fix: downmix to mono first")
     if length is not None and len(samples) != length:
-        raise ValueError(f"{name} has {len(samples)} samples but this works on blocks of {length}; "
-                         f"fix: pass exactly {length} samples per call, or use EchoSuppressor, which takes any length")
+        raise ValueError(
+            f"{name} has {len(samples)} samples but this works on blocks of {length}; "
+            f"fix: pass exactly {length} samples per call, or use EchoSuppressor, which takes any length"
+        )
     return samples
 
 
@@ -43,16 +48,29 @@ class PlaybackGate:
 
     ``update`` returns True when user speech is likely: more than ``share`` of the block's energy sits in
     bands at least ``margin_db`` above what the playback explains, or in bands the playback left silent (in
-    both cases 10 dB above the noise floor), in two of the last three blocks; it then holds for ``hold_ms``. With nothing played in the window it returns True: there
-    is nothing to explain, the VAD alone decides. ``mic_block`` is validated but the decision is about
-    ``cleaned_block`` (pass the mic itself there when there is no canceller).
+    both cases 10 dB above the noise floor), in two of the last three blocks; it then holds for ``hold_ms``. With
+    nothing played in the window it returns True: there is nothing to explain, the VAD alone decides.
+    ``mic_block`` is validated but the decision is about ``cleaned_block`` (pass the mic itself there when there
+    is no canceller).
     """
 
-    def __init__(self, sample_rate: int = 16000, block: int = 320, window_ms: int = 200, *, bands: int = 16,
-                 margin_db: float = 6.0, share: float = 0.5, hold_ms: int = 300, quantile: float = 0.9) -> None:
+    def __init__(
+        self,
+        sample_rate: int = 16000,
+        block: int = 320,
+        window_ms: int = 200,
+        *,
+        bands: int = 16,
+        margin_db: float = 6.0,
+        share: float = 0.5,
+        hold_ms: int = 300,
+        quantile: float = 0.9,
+    ) -> None:
         if sample_rate <= 0 or block <= 0 or window_ms <= 0 or bands < 1:
-            raise ValueError(f"sample_rate, block, window_ms and bands must be positive (got {sample_rate}, "
-                             f"{block}, {window_ms}, {bands}); fix: e.g. PlaybackGate(16000, 320, 200)")
+            raise ValueError(
+                f"sample_rate, block, window_ms and bands must be positive (got {sample_rate}, "
+                f"{block}, {window_ms}, {bands}); fix: e.g. PlaybackGate(16000, 320, 200)"
+            )
         self.block = block
         n = 2 * block
         freqs = np.fft.rfftfreq(n, 1 / sample_rate)

@@ -48,7 +48,7 @@ class StreamResampler:
     def __init__(self, src_rate: int, dst_rate: int, quality: str = "HQ") -> None:
         _check_rates(src_rate, dst_rate)
         self.src_rate, self.dst_rate, self.quality = src_rate, dst_rate, quality
-        self.samples_in = 0      # since the last flush
+        self.samples_in = 0  # since the last flush
         self.samples_out = 0
         self._stream = self._new_stream()
 

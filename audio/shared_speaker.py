@@ -32,7 +32,7 @@ class SharedSpeaker:
     def sample_rate(self) -> int:
         return int(self.sink.sample_rate)
 
-    def lane(self, on_preempted: Callable[[], None] | None = None) -> Lane:
+    def lane(self, on_preempted: Callable[[], object] | None = None) -> Lane:
         return Lane(self, on_preempted)
 
     def played_reference(self, t0: float, t1: float) -> np.ndarray:
@@ -50,7 +50,7 @@ class SharedSpeaker:
 class Lane:
     """A session's view of the shared speaker (an ``audio.sinks.AudioSink``)."""
 
-    def __init__(self, speaker: SharedSpeaker, on_preempted: Callable[[], None] | None) -> None:
+    def __init__(self, speaker: SharedSpeaker, on_preempted: Callable[[], object] | None) -> None:
         self.speaker = speaker
         self.on_preempted = on_preempted
         self.busy = False  # an utterance of ours is queued or playing

@@ -52,9 +52,10 @@ class _BufferedSink:
         self._queued = 0
         self._max_queued = int(max_buffer_s * sample_rate)
         self._reference: collections.deque[tuple[float, np.ndarray]] = collections.deque(
-            maxlen=max(1, int(reference_s / self.block_s)))
-        self.last_play_end = 0.0
-        self.last_filled = 0  # how many samples of the last pulled block were real audio (the rest is padding)  # monotonic time the last non-silent sample handed over finishes playing
+            maxlen=max(1, int(reference_s / self.block_s))
+        )
+        self.last_play_end = 0.0  # monotonic time the last non-silent sample handed over finishes playing
+        self.last_filled = 0  # how many samples of the last pulled block were real audio (the rest is padding)
 
     @property
     def queued_samples(self) -> int:
@@ -101,7 +102,7 @@ class _BufferedSink:
             while filled < n and self._queue:
                 head = self._queue[0]
                 take = min(n - filled, len(head))
-                out[filled:filled + take] = head[:take]
+                out[filled : filled + take] = head[:take]
                 filled += take
                 if take == len(head):
                     self._queue.popleft()
@@ -128,7 +129,7 @@ class _BufferedSink:
             offset = int(round((start_t - t0) * self.sample_rate))
             lo, hi = max(0, offset), min(n, offset + len(block))
             if lo < hi:
-                out[lo:hi] = block[lo - offset:hi - offset]
+                out[lo:hi] = block[lo - offset : hi - offset]
         return out
 
 
@@ -138,8 +139,16 @@ class WavSink(_BufferedSink):
     a speaker; without it, written audio counts as played at once. The file gets the samples that were
     played (not the idle gaps between them) and is written by ``close()``."""
 
-    def __init__(self, path: str | Path | None, sample_rate: int, *, realtime: bool = True, block_ms: int = 20,
-                 max_buffer_s: float = 2.0, reference_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        path: str | Path | None,
+        sample_rate: int,
+        *,
+        realtime: bool = True,
+        block_ms: int = 20,
+        max_buffer_s: float = 2.0,
+        reference_s: float = 30.0,
+    ) -> None:
         super().__init__(sample_rate, block_ms, max_buffer_s, reference_s)
         self.path = Path(path) if path is not None else None
         self.realtime = realtime
@@ -201,8 +210,15 @@ class SpeakerSink(_BufferedSink):
     callers resample to ``sink.sample_rate`` (audio.resample) before writing.
     """
 
-    def __init__(self, device: str | int | None = None, sample_rate: int = 22050, block_ms: int = 20,
-                 max_buffer_s: float = 2.0, reference_s: float = 30.0, latency: float | str = "low") -> None:
+    def __init__(
+        self,
+        device: str | int | None = None,
+        sample_rate: int = 22050,
+        block_ms: int = 20,
+        max_buffer_s: float = 2.0,
+        reference_s: float = 30.0,
+        latency: float | str = "low",
+    ) -> None:
         import sounddevice as sd  # imported late: WavSink needs no PortAudio
 
         self.device = find_device(device, "output")
@@ -212,15 +228,23 @@ class SpeakerSink(_BufferedSink):
         for rate in dict.fromkeys((sample_rate, default_rate)):
             super().__init__(rate, block_ms, max_buffer_s, reference_s)
             try:
-                self._stream = sd.OutputStream(device=self.device, samplerate=rate, channels=1, dtype="int16",
-                                               blocksize=self.block, callback=self._callback,
-                                               latency=latency)
+                self._stream = sd.OutputStream(
+                    device=self.device,
+                    samplerate=rate,
+                    channels=1,
+                    dtype="int16",
+                    blocksize=self.block,
+                    callback=self._callback,
+                    latency=latency,
+                )
                 break
             except sd.PortAudioError as exc:
                 error = exc
         else:
-            raise DeviceError(f"cannot open audio output device {self.device!r}: {error}; "
-                              f"fix: choose another audio.output_device (`python -m sounddevice` lists them)")
+            raise DeviceError(
+                f"cannot open audio output device {self.device!r}: {error}; "
+                f"fix: choose another audio.output_device (`python -m sounddevice` lists them)"
+            )
         self.latency = float(self._stream.latency)
         self.device_lead = self.latency
         self._stream.start()

@@ -31,8 +31,15 @@ class WavSource:
     The file is converted (downmix, resample) to ``rate``: a person handed it to us.
     """
 
-    def __init__(self, path: str | Path, *, block_ms: int = 20, rate: int = 16000, realtime: bool = True,
-                 tail_silence_ms: int = 0) -> None:
+    def __init__(
+        self,
+        path: str | Path,
+        *,
+        block_ms: int = 20,
+        rate: int = 16000,
+        realtime: bool = True,
+        tail_silence_ms: int = 0,
+    ) -> None:
         samples, _ = read_wav(path, rate, convert=True)
         tail = np.zeros(rate * tail_silence_ms // 1000, dtype=np.int16)
         self.samples = np.concatenate([samples, tail])
@@ -51,7 +58,7 @@ class WavSource:
     async def _blocks(self) -> AsyncIterator[AudioChunk]:
         t0 = self.start_t = time.monotonic()
         for start in range(0, len(self.samples), self.block):
-            block = self.samples[start:start + self.block]
+            block = self.samples[start : start + self.block]
             t = t0 + start / self.rate
             if self.realtime:
                 delay = t + len(block) / self.rate - time.monotonic()
@@ -101,8 +108,15 @@ class MicSource:
     If the device refuses ``rate``, it is opened at its default rate and resampled here (not in the callback).
     """
 
-    def __init__(self, device: str | int | None = None, *, block_ms: int = 20, rate: int = 16000,
-                 max_queued_blocks: int = 100, latency: float | str = "low") -> None:
+    def __init__(
+        self,
+        device: str | int | None = None,
+        *,
+        block_ms: int = 20,
+        rate: int = 16000,
+        max_queued_blocks: int = 100,
+        latency: float | str = "low",
+    ) -> None:
         self.device = find_device(device, "input")
         self.rate = rate
         self.block_ms = block_ms
@@ -141,17 +155,25 @@ class MicSource:
         error: Exception | None = None
         for device_rate in dict.fromkeys((self.rate, default_rate)):
             try:
-                stream = sd.InputStream(device=self.device, samplerate=device_rate, channels=1, dtype="int16",
-                                        blocksize=device_rate * self.block_ms // 1000, callback=callback,
-                                        latency=self.latency)
+                stream = sd.InputStream(
+                    device=self.device,
+                    samplerate=device_rate,
+                    channels=1,
+                    dtype="int16",
+                    blocksize=device_rate * self.block_ms // 1000,
+                    callback=callback,
+                    latency=self.latency,
+                )
                 stream.start()
                 self._stream = stream
                 return device_rate
             except sd.PortAudioError as exc:
                 error = exc
                 log.info("input device refused a rate", extra={"rate": device_rate, "error": str(exc)})
-        raise DeviceError(f"cannot open audio input device {self.device!r}: {error}; "
-                          f"fix: choose another audio.input_device (`python -m sounddevice` lists them)")
+        raise DeviceError(
+            f"cannot open audio input device {self.device!r}: {error}; "
+            f"fix: choose another audio.input_device (`python -m sounddevice` lists them)"
+        )
 
     def __aiter__(self) -> AsyncIterator[AudioChunk]:
         return self._blocks()

@@ -48,6 +48,7 @@ _FRAMES = WINDOW_S * SAMPLE_RATE // HOP  # 800
 
 # ---- features ------------------------------------------------------------------------------------------------
 
+
 def _hz_to_mel(hz: float | np.ndarray) -> np.ndarray:
     """Slaney's mel scale (Whisper's): linear below 1 kHz (3 mels per 200 Hz), logarithmic above."""
     hz = np.asarray(hz, dtype=np.float64)
@@ -98,8 +99,10 @@ def log_mel(window: np.ndarray) -> np.ndarray:
     (an 80 dB range) and mapped by (x + 4) / 4.
     """
     if window.shape != (WINDOW_S * SAMPLE_RATE,):
-        raise ValueError(f"log_mel takes exactly {WINDOW_S * SAMPLE_RATE} samples (got {window.shape}); "
-                         f"fix: pass model_window(audio)")
+        raise ValueError(
+            f"log_mel takes exactly {WINDOW_S * SAMPLE_RATE} samples (got {window.shape}); "
+            f"fix: pass model_window(audio)"
+        )
     x = window.astype(np.float32)
     x = (x - x.mean()) / np.sqrt(x.var() + 1e-7)
     padded = np.pad(x.astype(np.float64), N_FFT // 2, mode="reflect")
@@ -112,6 +115,7 @@ def log_mel(window: np.ndarray) -> np.ndarray:
 
 
 # ---- the model -----------------------------------------------------------------------------------------------
+
 
 class SmartTurn:
     """Smart Turn v3.x onnx: P(the speaker has finished their turn) from the audio of the turn so far."""
@@ -126,8 +130,10 @@ class SmartTurn:
             found = sorted(path.glob("*.onnx"))
             path = found[0] if len(found) == 1 else path / "(no single .onnx)"
         if not path.is_file():
-            raise FileNotFoundError(f"Smart Turn model {path} not found; fix: `specvoice models prepare "
-                                    f"smart-turn-v3.2`, or set turn.engine = 'vad'")
+            raise FileNotFoundError(
+                f"Smart Turn model {path} not found; fix: `specvoice models prepare "
+                f"smart-turn-v3.2`, or set turn.engine = 'vad'"
+            )
         opts = ort.SessionOptions()
         opts.intra_op_num_threads = threads
         opts.inter_op_num_threads = 1
@@ -157,13 +163,58 @@ class SmartTurn:
 # "switch it off") and pronouns ("call her") are left out. A word here makes the policy wait for the silence
 # limit, which is the safe side; Whisper adds a "?" to many unfinished questions ("What is the weather like
 # in?"), so a question mark does not clear a dangling word.
-DANGLING_WORDS = frozenset([
-    "a", "an", "the", "my", "your", "our", "their", "his", "its", "some", "any", "every", "each", "no",
-    "and", "or", "but", "nor", "because", "if", "unless", "although", "though", "whether", "than",
-    "to", "for", "of", "with", "from", "at", "by", "in", "about", "into", "onto", "upon", "toward", "towards",
-    "between", "without", "within", "during", "like",
-    "um", "uh", "er", "erm",
-])
+DANGLING_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "my",
+        "your",
+        "our",
+        "their",
+        "his",
+        "its",
+        "some",
+        "any",
+        "every",
+        "each",
+        "no",
+        "and",
+        "or",
+        "but",
+        "nor",
+        "because",
+        "if",
+        "unless",
+        "although",
+        "though",
+        "whether",
+        "than",
+        "to",
+        "for",
+        "of",
+        "with",
+        "from",
+        "at",
+        "by",
+        "in",
+        "about",
+        "into",
+        "onto",
+        "upon",
+        "toward",
+        "towards",
+        "between",
+        "without",
+        "within",
+        "during",
+        "like",
+        "um",
+        "uh",
+        "er",
+        "erm",
+    ]
+)
 _TRAILING_OFF = ("...", "\u2026", ",", "-", "\u2014", ":", ";")
 # Whisper's initial prompt for the pass whose text goes to verdict(). Unprompted, Whisper "finishes" a
 # fragment with a word it half-hears or invents ("Turn on the" -> "Turn on that.", "Set a timer for it.");
@@ -229,8 +280,10 @@ class TurnSettings:
         if not 0.0 < self.threshold < 1.0:
             raise ValueError(f"turn threshold {self.threshold} must lie in (0, 1)")
         if not 0 < self.min_silence_ms <= self.max_silence_ms:
-            raise ValueError(f"turn silences: need 0 < min_silence_ms ({self.min_silence_ms}) <= max_silence_ms "
-                             f"({self.max_silence_ms})")
+            raise ValueError(
+                f"turn silences: need 0 < min_silence_ms ({self.min_silence_ms}) <= max_silence_ms "
+                f"({self.max_silence_ms})"
+            )
         if self.reask_ms < 0 or self.vad_silence_ms <= 0:
             raise ValueError("turn reask_ms must be >= 0 and vad_silence_ms > 0")
 

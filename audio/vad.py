@@ -60,7 +60,7 @@ class _Silero:
     def score(self, window: np.ndarray) -> float:
         x = np.concatenate([self.context, (window.astype(np.float32) / 32768.0)[None, :]], axis=1)
         prob, self.state = self.session.run(None, {"input": x, "state": self.state, "sr": self.sr})
-        self.context = x[:, -self._context:]
+        self.context = x[:, -self._context :]
         return float(prob[0, 0])
 
 
@@ -86,13 +86,23 @@ class _WebRtc:
 class Vad:
     """Stateful VAD over a block stream; ``process`` returns the events each block completes."""
 
-    def __init__(self, model_path: str | Path | None, *, engine: Literal["silero", "webrtc"] = "silero",
-                 threshold: float = 0.5, min_speech_ms: int = 200, end_silence_ms: int = 500,
-                 preroll_ms: int = 300, sample_rate: int = 16000) -> None:
+    def __init__(
+        self,
+        model_path: str | Path | None,
+        *,
+        engine: Literal["silero", "webrtc"] = "silero",
+        threshold: float = 0.5,
+        min_speech_ms: int = 200,
+        end_silence_ms: int = 500,
+        preroll_ms: int = 300,
+        sample_rate: int = 16000,
+    ) -> None:
         if engine == "silero":
             if model_path is None or not Path(model_path).exists():
-                raise FileNotFoundError(f"silero VAD model {model_path!r} not found; fix: `specvoice models prepare "
-                                        f"silero-vad`, or set vad.engine = 'webrtc'")
+                raise FileNotFoundError(
+                    f"silero VAD model {model_path!r} not found; fix: `specvoice models prepare "
+                    f"silero-vad`, or set vad.engine = 'webrtc'"
+                )
             self.model: _Silero | _WebRtc = _Silero(model_path, sample_rate)
         elif engine == "webrtc":
             self.model = _WebRtc(sample_rate, threshold)
@@ -134,7 +144,7 @@ class Vad:
             # the new chunk's clock, or every later event would drift by the gap
             self._pending_t = chunk.t - len(self._pending) / self.rate
         self._pending = np.concatenate([self._pending, samples])
-        self._history = np.concatenate([self._history, samples])[-self._history_max:]
+        self._history = np.concatenate([self._history, samples])[-self._history_max :]
         self._history_end_t = chunk.end_t
         events: list[VadEvent] = []
         w = self.model.window

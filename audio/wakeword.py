@@ -18,10 +18,12 @@ class WakeWord:
 
         model = Path(models_dir) / f"{name}.tflite"
         if not model.exists():
-            names = sorted(p.stem for p in Path(models_dir).glob("*.tflite")
-                           if p.stem not in ("melspectrogram", "embedding_model"))
-            raise FileNotFoundError(f"no wake word model {name!r} in {models_dir}; fix: set models.wake_word to "
-                                    f"one of {names}")
+            names = sorted(
+                p.stem for p in Path(models_dir).glob("*.tflite") if p.stem not in ("melspectrogram", "embedding_model")
+            )
+            raise FileNotFoundError(
+                f"no wake word model {name!r} in {models_dir}; fix: set models.wake_word to one of {names}"
+            )
         self.name = name
         self.threshold = threshold
         self.refractory_s = refractory_s

@@ -45,7 +45,8 @@ def read_wav(path: str | Path, rate: int | None = None, *, convert: bool = False
     if len(raw) < n * frame_bytes:
         raise WavFormatError(
             f"{path}: is truncated: the header promises {n} frames but only {len(raw) // frame_bytes} are present; "
-            f"fix: re-record or re-export the file")
+            f"fix: re-record or re-export the file"
+        )
     if not convert:
         if width != 2:
             raise WavFormatError(f"{path}: is {8 * width}-bit; 16-bit PCM is required; fix: {hint}")

@@ -72,7 +72,8 @@ class Result:
     def row(self, base: float, best_hf: float | None) -> dict[str, Any]:
         rate = self.decode_tokens_per_s
         return {
-            "method": self.name, "decode_tokens_per_s": round(rate, 3),
+            "method": self.name,
+            "decode_tokens_per_s": round(rate, 3),
             "speedup": round(rate / base, 3) if base else None,
             "vs_best_assisted": round(rate / best_hf, 3) if best_hf else None,
             "alpha": round(self.accepted / (self.accepted + self.rejections), 3) if self.drafted else None,
@@ -81,7 +82,8 @@ class Result:
             "ttft_ms": round(1000 * sum(self.ttft) / len(self.ttft), 1) if self.ttft else None,
             "peak_rss_gib": round(self.peak_rss_gib, 2),
             "identical": "".join("y" if s else "n" for s in self.identical),
-            "new_tokens": sum(len(t) for t in self.tokens), "decode_s": round(self.decode_s, 2),
+            "new_tokens": sum(len(t) for t in self.tokens),
+            "decode_s": round(self.decode_s, 2),
         }
 
 
@@ -103,18 +105,26 @@ class _TokenTimer:
         pass
 
 
-def _hf_generate(model, prompt: list[int], max_new: int, stop_ids: set[int], **kwargs: Any
-                 ) -> tuple[list[int], float, float, int]:
+def _hf_generate(
+    model, prompt: list[int], max_new: int, stop_ids: set[int], **kwargs: Any
+) -> tuple[list[int], float, float, int]:
     """(tokens, ttft, decode seconds, decode tokens) of one transformers generate call."""
     timer = _TokenTimer()
     ids = torch.tensor([prompt], device=model.device)
     start = time.monotonic()
     with torch.no_grad():
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False,
-                             eos_token_id=sorted(stop_ids), pad_token_id=sorted(stop_ids)[0], streamer=timer,
-                             **kwargs)
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=max_new,
+            do_sample=False,
+            eos_token_id=sorted(stop_ids),
+            pad_token_id=sorted(stop_ids)[0],
+            streamer=timer,
+            **kwargs,
+        )
     end = time.monotonic()
-    tokens = out[0, len(prompt):].tolist()
+    tokens = out[0, len(prompt) :].tolist()
     first = timer.first or end
     return tokens, first - start, end - first, max(len(tokens) - timer.first_count, 0)
 
@@ -136,22 +146,39 @@ def _parser(settings: dict[str, Any]) -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--ks", type=_positive_ints, default="2,3", help="fixed draft lengths for our decoder")
     p.add_argument("--tree-ks", type=_positive_ints, default="2", help="fixed depths for our token-tree decoder")
-    p.add_argument("--tree-widths", type=_positive_ints, default=str(settings.get("tree_width", 2)),
-                   help="candidates per depth for our token-tree decoder (default: llm.tree_width)")
-    p.add_argument("--hf-ks", type=_positive_ints, default="2,3",
-                   help="fixed draft lengths for transformers assisted generation")
+    p.add_argument(
+        "--tree-widths",
+        type=_positive_ints,
+        default=str(settings.get("tree_width", 2)),
+        help="candidates per depth for our token-tree decoder (default: llm.tree_width)",
+    )
+    p.add_argument(
+        "--hf-ks", type=_positive_ints, default="2,3", help="fixed draft lengths for transformers assisted generation"
+    )
     p.add_argument("--no-hf", action="store_true", help="skip the transformers reference methods")
     p.add_argument("--no-tree", action="store_true", help="skip the token-tree methods")
     p.add_argument("--only", default="", help="comma-separated method names to run (default: all)")
     p.add_argument("--rounds", type=int, default=2, help="repeat the prompt set (the order rotates each time)")
-    p.add_argument("--conversation", type=int, default=0, metavar="TURNS",
-                   help="run the long-conversation benchmark (time to first token per decile of turns) instead")
-    p.add_argument("--quality", action="store_true",
-                   help="measure the int4 served target against the bf16 reference instead (quality.py)")
+    p.add_argument(
+        "--conversation",
+        type=int,
+        default=0,
+        metavar="TURNS",
+        help="run the long-conversation benchmark (time to first token per decile of turns) instead",
+    )
+    p.add_argument(
+        "--quality",
+        action="store_true",
+        help="measure the int4 served target against the bf16 reference instead (quality.py)",
+    )
     p.add_argument("--soak-max-new-tokens", type=int, default=28, help="--conversation: reply cap per turn")
     p.add_argument("--history-tokens", type=int, default=1536, help="--conversation: history budget")
-    p.add_argument("--trim-to", type=float, default=0.5,
-                   help="--conversation: share of the budget kept after a trim (1: the old drop-just-enough)")
+    p.add_argument(
+        "--trim-to",
+        type=float,
+        default=0.5,
+        help="--conversation: share of the budget kept after a trim (1: the old drop-just-enough)",
+    )
     p.add_argument("--no-warm", action="store_true", help="--conversation: no warm-up between turns")
     p.add_argument("--out", default="", help="JSON file (default bench-results/llm.json, or llm-soak.json)")
     return p
@@ -165,20 +192,40 @@ def _methods(args, draft: str | None, hf_draft, settings: dict[str, Any]) -> lis
     if hf_draft is not None:
         methods.append(("transformers assisted (default)", {"assistant_model": hf_draft}))
         for k in args.hf_ks:
-            methods.append((f"transformers assisted k={k}", {
-                "assistant_model": hf_draft, "num_assistant_tokens": k, "num_assistant_tokens_schedule": "constant",
-                "assistant_confidence_threshold": 0.0}))
+            methods.append(
+                (
+                    f"transformers assisted k={k}",
+                    {
+                        "assistant_model": hf_draft,
+                        "num_assistant_tokens": k,
+                        "num_assistant_tokens_schedule": "constant",
+                        "assistant_confidence_threshold": 0.0,
+                    },
+                )
+            )
     if draft:
         for k in args.ks:
             methods.append((f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n)))
-        methods.append(("ours draft adaptive", DecodeSettings(mode="draft", draft_length="adaptive",
-                                                              max_draft_length=max_k, max_new_tokens=n)))
-        methods.append(("ours draft confidence", DecodeSettings(mode="draft", draft_length="confidence",
-                                                                max_draft_length=8, max_new_tokens=n)))
-        for width in ([] if args.no_tree else args.tree_widths):
+        methods.append(
+            (
+                "ours draft adaptive",
+                DecodeSettings(mode="draft", draft_length="adaptive", max_draft_length=max_k, max_new_tokens=n),
+            )
+        )
+        methods.append(
+            (
+                "ours draft confidence",
+                DecodeSettings(mode="draft", draft_length="confidence", max_draft_length=8, max_new_tokens=n),
+            )
+        )
+        for width in [] if args.no_tree else args.tree_widths:
             for k in args.tree_ks:
-                methods.append((f"ours draft tree k={k} w={width}", DecodeSettings(
-                    mode="draft", draft_length=k, tree=True, tree_width=width, max_new_tokens=n)))
+                methods.append(
+                    (
+                        f"ours draft tree k={k} w={width}",
+                        DecodeSettings(mode="draft", draft_length=k, tree=True, tree_width=width, max_new_tokens=n),
+                    )
+                )
     methods.append(("ours n-gram k=3", DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=n)))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
@@ -194,7 +241,7 @@ def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, c
         res.decode_s += (stats.token_times[-1] - stats.token_times[0]) if stats.token_times else 0.0
         res.drafted += stats.drafted
         res.accepted += stats.accepted
-        res.rejections += sum(1 for d, a in zip(stats.draft_lengths, stats.accepted_lengths) if a < d)
+        res.rejections += sum(1 for d, a in zip(stats.draft_lengths, stats.accepted_lengths, strict=False) if a < d)
         res.verify_calls += max(stats.target_calls - 1, 0)
         res.verify_tokens += max(stats.new_tokens - 1, 0)
     else:
@@ -215,19 +262,27 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
     if args.conversation:
         from llm import bench_soak
 
-        return bench_soak.run(args.conversation, target=target, draft=draft, settings=settings,
-                              out=args.out or "bench-results/llm-soak.json", max_new_tokens=args.soak_max_new_tokens,
-                              history_tokens=args.history_tokens, trim_to=args.trim_to, warm=not args.no_warm)
+        return bench_soak.run(
+            args.conversation,
+            target=target,
+            draft=draft,
+            settings=settings,
+            out=args.out or "bench-results/llm-soak.json",
+            max_new_tokens=args.soak_max_new_tokens,
+            history_tokens=args.history_tokens,
+            trim_to=args.trim_to,
+            warm=not args.no_warm,
+        )
     load_before = list(os.getloadavg())
     started = time.time()
     engine = Engine.from_config(target, draft, {**settings, "mode": "draft" if draft else "ngram"})
     hf_draft = None
     if draft and not args.no_hf:
-        hf_draft, _ = load_causal_lm(draft, device=settings.get("device", "cpu"),
-                                     dtype=settings.get("dtype", "bfloat16"))
+        hf_draft, _ = load_causal_lm(
+            draft, device=settings.get("device", "cpu"), dtype=settings.get("dtype", "bfloat16")
+        )
     conv = engine.conversation(SYSTEM)
-    prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": text}])
-               for text in PROMPTS[: args.prompts]]
+    prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": text}]) for text in PROMPTS[: args.prompts]]
     methods = _methods(args, draft, hf_draft, settings)
     results = {name: Result(name) for name, _ in methods}
     engine.decode(prompts[0], DecodeSettings(mode="target", max_new_tokens=4))  # first-call overheads, off the clock
@@ -241,7 +296,7 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
                     bar.update(1)
     reference = results[BASE].tokens
     for res in results.values():
-        res.identical = [a == b for a, b in zip(res.tokens, reference)]
+        res.identical = [a == b for a, b in zip(res.tokens, reference, strict=False)]
     base = results[BASE].decode_tokens_per_s
     hf = [r for r in results.values() if r.name.startswith("transformers assisted")]
     best_hf = max(hf, key=lambda r: r.decode_tokens_per_s) if hf else None
@@ -251,26 +306,45 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
     head = _head_coverage(engine, reference)
     if head:
         summary["draft_head"] = head
-        print(f"draft head: {head['rows']} rows ({head['chosen_by']}), covers {100 * head['coverage']:.1f}% "
-              "of the target-alone reply tokens")
+        print(
+            f"draft head: {head['rows']} rows ({head['chosen_by']}), covers {100 * head['coverage']:.1f}% "
+            "of the target-alone reply tokens"
+        )
     divergences = _divergences(engine, prompts, results)
     for d in divergences:
-        print(f"diverged: {d['method']}, prompt {d['prompt'] + 1}, token {d['position']}: target top-2 logit gap "
-              f"{d['top2_gap']:.4f}")
+        print(
+            f"diverged: {d['method']}, prompt {d['prompt'] + 1}, token {d['position']}: target top-2 logit gap "
+            f"{d['top2_gap']:.4f}"
+        )
     turns = asyncio.run(_two_turns(engine))
-    print(f"conversation: turn 1 ttft {turns[0]['ttft_ms']:.0f} ms (prefill {turns[0]['prefill_tokens']} tokens), "
-          f"turn 2 ttft {turns[1]['ttft_ms']:.0f} ms (prefill {turns[1]['prefill_tokens']} of "
-          f"{turns[1]['prompt_tokens']} tokens)")
+    print(
+        f"conversation: turn 1 ttft {turns[0]['ttft_ms']:.0f} ms (prefill {turns[0]['prefill_tokens']} tokens), "
+        f"turn 2 ttft {turns[1]['ttft_ms']:.0f} ms (prefill {turns[1]['prefill_tokens']} of "
+        f"{turns[1]['prompt_tokens']} tokens)"
+    )
     out = {
-        "results": rows, "summary": summary, "divergences": divergences, "conversation_turns": turns,
-        "meta": {"target": target, "draft": draft, "settings": settings, "engine": engine.info,
-                 "max_new_tokens": args.max_new_tokens, "rounds": args.rounds, "prompts": PROMPTS[: args.prompts],
-                 "torch_threads": torch.get_num_threads(), "load_average_before": load_before,
-                 "load_average_after": list(os.getloadavg()), "wall_s": round(time.time() - started, 1),
-                 "policy": _policy_state(engine)},
+        "results": rows,
+        "summary": summary,
+        "divergences": divergences,
+        "conversation_turns": turns,
+        "meta": {
+            "target": target,
+            "draft": draft,
+            "settings": settings,
+            "engine": engine.info,
+            "max_new_tokens": args.max_new_tokens,
+            "rounds": args.rounds,
+            "prompts": PROMPTS[: args.prompts],
+            "torch_threads": torch.get_num_threads(),
+            "load_average_before": load_before,
+            "load_average_after": list(os.getloadavg()),
+            "wall_s": round(time.time() - started, 1),
+            "policy": _policy_state(engine),
+        },
         "tokens": {r.name: r.tokens for r in results.values()},
-        "text": {r.name: [engine.tokenizer.decode(t, skip_special_tokens=True) for t in r.tokens]
-                 for r in results.values()},
+        "text": {
+            r.name: [engine.tokenizer.decode(t, skip_special_tokens=True) for t in r.tokens] for r in results.values()
+        },
     }
     path = Path(args.out or "bench-results/llm.json")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -284,8 +358,12 @@ def _summary(rows: list[dict[str, Any]], best_hf: str | None) -> dict[str, Any]:
     if not ours:
         return {}
     best = max(ours, key=lambda r: r["decode_tokens_per_s"])
-    summary = {"best_ours": best["method"], "best_ours_speedup": best["speedup"],
-               "best_transformers_assisted": best_hf, "ours_vs_best_assisted": best["vs_best_assisted"]}
+    summary = {
+        "best_ours": best["method"],
+        "best_ours_speedup": best["speedup"],
+        "best_transformers_assisted": best_hf,
+        "ours_vs_best_assisted": best["vs_best_assisted"],
+    }
     line = f"\nbest ours: {best['method']} {best['speedup']:.2f}x decode-phase vs the target alone"
     if best_hf:
         line += f"; {best['vs_best_assisted']:.2f}x vs best transformers assisted ({best_hf})"
@@ -308,15 +386,22 @@ def _divergences(engine: Engine, prompts: list[list[int]], results: dict[str, Re
     for name, res in results.items():
         for i, tokens in enumerate(res.tokens):
             ref = reference[i]
-            pos = next((j for j, (a, b) in enumerate(zip(ref, tokens)) if a != b), None)
+            pos = next((j for j, (a, b) in enumerate(zip(ref, tokens, strict=False)) if a != b), None)
             if pos is None:
                 continue
             with engine.lock:
                 logits = CachedLM(engine.target_model).logits(prompts[i % len(prompts)] + ref[:pos])[-1]
             top = torch.topk(logits, 2).values
-            out.append({"method": name, "prompt": i % len(prompts), "position": pos,
-                        "top2_gap": round(float(top[0] - top[1]), 4), "target_token": ref[pos],
-                        "method_token": tokens[pos]})
+            out.append(
+                {
+                    "method": name,
+                    "prompt": i % len(prompts),
+                    "position": pos,
+                    "top2_gap": round(float(top[0] - top[1]), 4),
+                    "target_token": ref[pos],
+                    "method_token": tokens[pos],
+                }
+            )
     return out
 
 
@@ -329,22 +414,39 @@ async def _two_turns(engine: Engine) -> list[dict[str, Any]]:
             pass
         st = conv.last_stats
         assert st is not None
-        turns.append({"ttft_ms": round(st.ttft_s * 1000, 1), "prefill_tokens": st.prefill_tokens,
-                      "prompt_tokens": st.prompt_tokens})
+        turns.append(
+            {
+                "ttft_ms": round(st.ttft_s * 1000, 1),
+                "prefill_tokens": st.prefill_tokens,
+                "prompt_tokens": st.prompt_tokens,
+            }
+        )
     return turns
 
 
 def _policy_state(engine: Engine) -> dict[str, Any]:
     policy = engine.policies["draft"]
-    return {"alpha": round(policy.alpha, 3), "kappa": round(policy.kappa, 3),
-            "sibling_beta": round(policy.beta, 3), "draft_step_s": policy.draft_s,
-            "verify_s": {str(k): round(v, 4) for k, v in sorted(policy.verify_s.items())}}
+    return {
+        "alpha": round(policy.alpha, 3),
+        "kappa": round(policy.kappa, 3),
+        "sibling_beta": round(policy.beta, 3),
+        "draft_step_s": policy.draft_s,
+        "verify_s": {str(k): round(v, 4) for k, v in sorted(policy.verify_s.items())},
+    }
 
 
 def _print_table(rows: list[dict[str, Any]]) -> None:
-    cols = [("method", 38, "method"), ("decode_tokens_per_s", 8, "tok/s"), ("speedup", 8, "speedup"),
-            ("vs_best_assisted", 8, "vs HF"), ("alpha", 6, "alpha"), ("mean_accepted_length", 8, "mean acc"),
-            ("ttft_ms", 8, "ttft ms"), ("peak_rss_gib", 7, "RSS GiB"), ("identical", 17, "identical")]
+    cols = [
+        ("method", 38, "method"),
+        ("decode_tokens_per_s", 8, "tok/s"),
+        ("speedup", 8, "speedup"),
+        ("vs_best_assisted", 8, "vs HF"),
+        ("alpha", 6, "alpha"),
+        ("mean_accepted_length", 8, "mean acc"),
+        ("ttft_ms", 8, "ttft ms"),
+        ("peak_rss_gib", 7, "RSS GiB"),
+        ("identical", 17, "identical"),
+    ]
     print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (_, w, h) in enumerate(cols)))
     for r in rows:
         cells = []

@@ -31,27 +31,50 @@ from llm.prompts import SYSTEM
 
 
 def _engines(args) -> dict[str, Engine]:
-    eager = Engine.load(args.target, args.draft, device=args.device, dtype="bfloat16", mode="draft",
-                        context_limit=args.static_cache)
-    compiled = Engine(eager.target_model, eager.tokenizer, eager.draft_model, mode="draft",
-                      context_limit=args.static_cache, draft_out_ids=eager.draft_out_ids, compile="both",
-                      compile_mode=args.compile_mode, static_cache=args.static_cache)
+    eager = Engine.load(
+        args.target, args.draft, device=args.device, dtype="bfloat16", mode="draft", context_limit=args.static_cache
+    )
+    compiled = Engine(
+        eager.target_model,
+        eager.tokenizer,
+        eager.draft_model,
+        mode="draft",
+        context_limit=args.static_cache,
+        draft_out_ids=eager.draft_out_ids,
+        compile="both",
+        compile_mode=args.compile_mode,
+        static_cache=args.static_cache,
+    )
     return {"eager": eager, "compiled": compiled}
 
 
 def _methods(args) -> list[tuple[str, str, DecodeSettings]]:
     n = args.max_new_tokens
-    chain = [("eager", f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n))
-             for k in (2, 3, 4)]
-    chain.append(("eager", "ours draft confidence", DecodeSettings(mode="draft", draft_length="confidence",
-                                                                   max_draft_length=8, max_new_tokens=n)))
+    chain = [
+        ("eager", f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n))
+        for k in (2, 3, 4)
+    ]
+    chain.append(
+        (
+            "eager",
+            "ours draft confidence",
+            DecodeSettings(mode="draft", draft_length="confidence", max_draft_length=8, max_new_tokens=n),
+        )
+    )
     compiled = [("compiled", "compiled: target alone", DecodeSettings(mode="target", max_new_tokens=n))]
-    compiled += [("compiled", f"compiled: ours draft k={k}", DecodeSettings(mode="draft", draft_length=k,
-                                                                          max_new_tokens=n)) for k in (2, 3, 4)]
-    trees = [("eager", f"ours draft tree k={k} w={w}", DecodeSettings(mode="draft", draft_length=k, tree=True,
-                                                                     tree_width=w, tree_nodes=k * w,
-                                                                     max_new_tokens=n))
-             for k in (2, 3, 4) for w in (2, 3, 4)]
+    compiled += [
+        ("compiled", f"compiled: ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n))
+        for k in (2, 3, 4)
+    ]
+    trees = [
+        (
+            "eager",
+            f"ours draft tree k={k} w={w}",
+            DecodeSettings(mode="draft", draft_length=k, tree=True, tree_width=w, tree_nodes=k * w, max_new_tokens=n),
+        )
+        for k in (2, 3, 4)
+        for w in (2, 3, 4)
+    ]
     return [("eager", BASE, DecodeSettings(mode="target", max_new_tokens=n))] + chain + compiled + trees
 
 
@@ -74,12 +97,13 @@ def main(argv: list[str] | None = None) -> int:
     engines = _engines(args)
     kept = {"compiled": engines["compiled"].new_caches()}  # CUDA graphs capture the static caches: reuse them
     conv = engines["eager"].conversation(SYSTEM)
-    prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": t}]) for t in PROMPTS[:args.prompts]]
+    prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": t}]) for t in PROMPTS[: args.prompts]]
     methods = _methods(args)
     results = {name: Result(name) for _, name, _ in methods}
     for which, _, settings in methods:  # compile and capture every shape once, off the clock
-        engines[which].decode(prompts[0], settings.but(max_new_tokens=min(8, args.max_new_tokens)),
-                              caches=kept.get(which))
+        engines[which].decode(
+            prompts[0], settings.but(max_new_tokens=min(8, args.max_new_tokens)), caches=kept.get(which)
+        )
     with tqdm(total=args.rounds * len(prompts) * len(methods), desc="bench gpu", unit="run") as bar:
         for rnd in range(args.rounds):
             for i, prompt in enumerate(prompts):
@@ -89,18 +113,25 @@ def main(argv: list[str] | None = None) -> int:
                     bar.update(1)
     reference = results[BASE].tokens
     for res in results.values():
-        res.identical = [a == b for a, b in zip(res.tokens, reference)]
+        res.identical = [a == b for a, b in zip(res.tokens, reference, strict=False)]
     rows = []
     for which, name, _ in methods:  # each speedup against the target alone run the same way
         base = results[BASE if which == "eager" else "compiled: target alone"].decode_tokens_per_s
         rows.append(results[name].row(base, None))
     _print_table(rows)
-    out: dict[str, Any] = {"results": rows, "meta": {"target": args.target, "draft": args.draft, "device": args.device,
-                                                     "compile_mode": args.compile_mode,
-                                                     "static_cache": args.static_cache, "torch": torch.__version__,
-                                                     "gpu": torch.cuda.get_device_name()
-                                                     if torch.cuda.is_available() else None,
-                                                     "wall_s": round(time.time() - started, 1)}}
+    out: dict[str, Any] = {
+        "results": rows,
+        "meta": {
+            "target": args.target,
+            "draft": args.draft,
+            "device": args.device,
+            "compile_mode": args.compile_mode,
+            "static_cache": args.static_cache,
+            "torch": torch.__version__,
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None,
+            "wall_s": round(time.time() - started, 1),
+        },
+    }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.out}")

@@ -38,9 +38,16 @@ class CachedLM:
     (a draft could not take them as input, and no tokenizer can decode them).
     """
 
-    def __init__(self, model: Any, out_ids: torch.Tensor | None = None, vocab_size: int | None = None,
-                 real_vocab: int | None = None, static_len: int = 0, step_forward: Callable[..., Any] | None = None,
-                 step_tokens: int = 2):
+    def __init__(
+        self,
+        model: Any,
+        out_ids: torch.Tensor | None = None,
+        vocab_size: int | None = None,
+        real_vocab: int | None = None,
+        static_len: int = 0,
+        step_forward: Callable[..., Any] | None = None,
+        step_tokens: int = 2,
+    ):
         """static_len > 0: a preallocated cache of that many positions (fixed shapes, which torch.compile and
         CUDA graphs need; cropping it only moves its length back). step_forward: a compiled forward used for
         decode steps (up to step_tokens fed tokens, a plain causal mask); everything else (prefill, trees) runs
@@ -81,8 +88,13 @@ class CachedLM:
             run = self.step_forward
         try:
             with torch.no_grad():
-                out = run(input_ids=torch.tensor([feed], device=self.device), cache=self.cache,
-                          use_cache=True, logits_to_keep=n_out, **kwargs)
+                out = run(
+                    input_ids=torch.tensor([feed], device=self.device),
+                    cache=self.cache,
+                    use_cache=True,
+                    logits_to_keep=n_out,
+                    **kwargs,
+                )
         except BaseException:
             self.cache, self.ids = None, []
             raise
@@ -90,7 +102,7 @@ class CachedLM:
         self.fed_tokens += len(feed)
         logits = out.logits[0, -n_out:].float().cpu()  # decisions and sampling run on the CPU, on any device
         if self.real_vocab is not None:
-            logits[:, self.real_vocab:] = float("-inf")
+            logits[:, self.real_vocab :] = float("-inf")
         return logits
 
     @property

@@ -42,10 +42,12 @@ class Engine(Protocol):
 
     def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int: ...
 
-    def generation(self, prompt: list[int], settings: DecodeSettings, target: CachedLM,
-                   draft: CachedLM | None) -> Generation: ...
+    def generation(
+        self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
+    ) -> Generation: ...
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
+
 
 log = logging.getLogger("specvoice.llm")
 
@@ -65,6 +67,9 @@ class Conversation(ChatHistory):
         self._exchange_tokens: list[int] = []  # prompt tokens each recent exchange added (to trim ahead)
         self.trims = 0  # how many times old exchanges were dropped (for tests and the soak benchmark)
         self.last_stats: DecodeStats | None = None
+        # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
+        # the template shows them to the model, which answers with a call in its own syntax (voice/toolcalls.py)
+        self.tools: list[dict[str, Any]] | None = None
 
     @property
     def cached_tokens(self) -> tuple[int, int | None]:
@@ -72,8 +77,12 @@ class Conversation(ChatHistory):
         return len(self._target.ids), (len(self._draft.ids) if self._draft is not None else None)
 
     def prompt_ids(self, messages: list[dict[str, Any]] | None = None) -> list[int]:
-        ids = self.engine.tokenizer.apply_chat_template(messages if messages is not None else self.messages,
-                                                        add_generation_prompt=True, tokenize=True)
+        ids = self.engine.tokenizer.apply_chat_template(
+            messages if messages is not None else self.messages,
+            tools=self.tools or None,
+            add_generation_prompt=True,
+            tokenize=True,
+        )
         if isinstance(ids, dict) or hasattr(ids, "keys"):  # some tokenizers return a BatchEncoding
             ids = ids["input_ids"]
         return list(ids)
@@ -91,37 +100,40 @@ class Conversation(ChatHistory):
         dropped = False
         while len(prompt) > min(low, limit) and len(messages) - first > keep:
             drop = 2 if len(messages) - first > keep + 1 else 1
-            del messages[first:first + drop]
+            del messages[first : first + drop]
             prompt = self.prompt_ids(messages)
             dropped = True
         self.trims += dropped
         return messages, prompt
 
-    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
-                    ) -> AsyncIterator[Emission]:
-        """Stream the accepted reply to ``user_text``.
+    async def reply(
+        self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
+    ) -> AsyncIterator[Emission]:
+        """Stream the accepted reply to ``user_text`` (None: to the history as it is, e.g. a greeting, or the
+        answer after a function's output).
 
         ``commit=True``: the user turn and what was streamed join the history when the stream ends (also when it
         is cancelled after the first token). ``commit=False``: the history is left untouched; the caller then
         calls ``commit(heard)`` once with what the user actually heard, or ``discard()`` (a reply started early
         on a guess). A voice turn commits once, with the heard text, so the history is never written twice."""
         settings = settings or self.engine.settings
-        if not user_text or not user_text.strip():
+        if user_text is not None and not user_text.strip():
             raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
+        if user_text is None and not self.messages:
+            raise ValueError("no history and no user text: there is nothing to reply to; fix: send some words")
         if self._busy:
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return  # defined result: no reply, and the conversation is left as it was
-        before_len = len(self.prompt_ids())
         trims = self.trims
-        user = {"role": "user", "content": user_text}
-        kept, prompt = self._trim(self.messages + [user], self.history_tokens, 1)
-        try:
-            limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
-        except ValueError:
-            self.trims = trims
-            raise
+        new = [{"role": "user", "content": user_text}] if user_text is not None else []
         self._busy = True
+        try:  # tokenizing a long history takes a while: on the engine's thread, never on the event loop
+            before_len, (kept, prompt) = await self.engine.run(self._prepare, new)
+            limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
+        except BaseException:
+            self.trims, self._busy = trims, False
+            raise
         if commit:
             self._before_turn = list(self.messages)
             self.messages[:] = kept
@@ -129,6 +141,9 @@ class Conversation(ChatHistory):
             self._pending, self._pending_reply, self._pending_before = kept, "", before_len
         text = ""
         streamed = False
+        # with tools, a call's tags are special tokens (Qwen2.5: <tool_call>) that must reach the caller's parser;
+        # stop tokens never reach the text either way
+        skip_special = not self.tools
         try:
             start = time.monotonic()
             gen, reused = await self.engine.run(self._start, prompt, settings.but(max_new_tokens=limit))
@@ -141,10 +156,10 @@ class Conversation(ChatHistory):
                         continue
                     tokens.append(token)
                     pending.append(token)
-                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=True)
+                    full = self.engine.tokenizer.decode(tokens, skip_special_tokens=skip_special)
                     if full.endswith("\ufffd"):  # an incomplete UTF-8 character: wait for the next token
                         continue
-                    piece, text = full[len(text):], full
+                    piece, text = full[len(text) :], full
                     self._pending_reply = text if not commit else ""
                     streamed = True
                     yield Emission(piece, pending, gen.records[-1].t)
@@ -167,6 +182,10 @@ class Conversation(ChatHistory):
                 self.trims = trims
             self._busy = False
 
+    def _prepare(self, new: list[dict[str, Any]]) -> tuple[int, tuple[list[dict[str, Any]], list[int]]]:
+        """The prompt's length now, and the messages (with ``new``) to keep with their prompt."""
+        return len(self.prompt_ids()), self._trim(self.messages + new, self.history_tokens, 1)
+
     def commit(self, heard_text: str) -> None:
         pending_reply, before = self._pending_reply, self._pending_before
         super().commit(heard_text)
@@ -177,21 +196,23 @@ class Conversation(ChatHistory):
         if before_len is not None:
             self._exchange_tokens = (self._exchange_tokens + [len(self.prompt_ids()) - before_len])[-4:]
 
-    async def warm(self) -> int:
+    async def warm(self, user_start: str = "") -> int:
         """Prefill both caches with what every next prompt starts with (system prompt and history, up to the
         next user message), so the next turn's time to first token pays only for the user's words. If the next
         turn would cross the history budget, trim now (see the module docstring), so the prefill after the trim
         happens here, while nobody waits. Runs in chunks and stops when a reply starts. Returns the number of
-        tokens now cached. Safe to skip: it only moves work earlier."""
+        tokens now cached. Safe to skip: it only moves work earlier. ``user_start``: the words of the next user
+        message already known (committed while the user still speaks): the open user turn is prefilled up to
+        them, so the reply after the end of the turn prefills only the rest."""
         if self._busy:
             return 0
         margin = max(self._exchange_tokens, default=64)
         if len(self.messages) > 2:
             kept, _ = self._trim(self.messages, self.history_tokens - margin, 2)
             self.messages[:] = kept
-        one = self.prompt_ids(self.messages + [{"role": "user", "content": "a"}])
-        two = self.prompt_ids(self.messages + [{"role": "user", "content": "b c"}])
-        prefix = one[:common_prefix(one, two)]
+        one = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} a".lstrip()}])
+        two = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} b c".lstrip()}])
+        prefix = one[: common_prefix(one, two)]
         if len(prefix) < 2:
             return 0
         chunk = self.engine.settings.prefill_chunk or len(prefix)
@@ -231,4 +252,3 @@ class Conversation(ChatHistory):
                     self._draft.keep_prefix_of(keep)
             finally:
                 self.engine.lock.release()
-

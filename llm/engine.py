@@ -55,9 +55,20 @@ class ContextLimitError(ValueError):
 class Engine:
     """A target model, an optional draft, and the one worker thread that runs them."""
 
-    def __init__(self, target_model, tokenizer, draft_model=None, *, mode: Mode = "draft", context_limit: int = 4096,
-                 draft_out_ids: torch.Tensor | None = None, settings: DecodeSettings | None = None,
-                 compile: Compile = "off", compile_mode: str = "default", static_cache: int = 0):
+    def __init__(
+        self,
+        target_model,
+        tokenizer,
+        draft_model=None,
+        *,
+        mode: Mode = "draft",
+        context_limit: int = 4096,
+        draft_out_ids: torch.Tensor | None = None,
+        settings: DecodeSettings | None = None,
+        compile: Compile = "off",
+        compile_mode: str = "default",
+        static_cache: int = 0,
+    ):
         """compile: torch.compile the decode step of the draft, or of both models (measured no faster on a 2-core
         CPU: off there; for GPUs, with compile_mode "reduce-overhead" = CUDA graphs, which want static_cache,
         a preallocated cache of that many positions)."""
@@ -79,15 +90,30 @@ class Engine:
         self.info: dict[str, Any] = {}  # how the models were prepared (quantization, head), for benchmarks
         self.static_cache = static_cache
         compiled = {"off": [], "draft": [draft_model], "both": [draft_model, target_model]}[compile]
-        self._step_forward = {id(m): torch.compile(m.forward, mode=compile_mode, dynamic=False)
-                              for m in compiled if m is not None}
+        self._step_forward = {
+            id(m): torch.compile(m.forward, mode=compile_mode, dynamic=False) for m in compiled if m is not None
+        }
 
     @classmethod
-    def load(cls, target: str, draft: str | None = None, *, device: str = "cpu", dtype: str = "bfloat16",
-             mode: Mode = "draft", draft_quantize: DraftQuantize = "none", draft_vocab: int | None = None,
-             threads: int | None = None, context_limit: int = 4096, settings: DecodeSettings | None = None,
-             target_quantize: TargetQuantize = "none", token_counts: str | None = None, compile: Compile = "off",
-             compile_mode: str = "default", static_cache: int = 0) -> Engine:
+    def load(
+        cls,
+        target: str,
+        draft: str | None = None,
+        *,
+        device: str = "cpu",
+        dtype: str = "bfloat16",
+        mode: Mode = "draft",
+        draft_quantize: DraftQuantize = "none",
+        draft_vocab: int | None = None,
+        threads: int | None = None,
+        context_limit: int = 4096,
+        settings: DecodeSettings | None = None,
+        target_quantize: TargetQuantize = "none",
+        token_counts: str | None = None,
+        compile: Compile = "off",
+        compile_mode: str = "default",
+        static_cache: int = 0,
+    ) -> Engine:
         """Load the pair; refuse a draft whose tokenizer differs from the target's (IncompatibleDraftError).
 
         draft_vocab: rows of the draft's reduced head, chosen from ``token_counts`` (default: the counts file in
@@ -97,9 +123,11 @@ class Engine:
             if not draft:
                 raise ValueError("mode 'draft' needs a draft model; fix: set models.draft, or llm.mode = 'ngram'")
             check_compatible(load_tokenizer(target), load_tokenizer(draft))  # before loading any weights
-        if device != "cpu" and "int8" == draft_quantize:
-            raise ValueError("draft_quantize = 'int8' is CPU-only (torch dynamic quantization); "
-                             "fix: set llm.draft_quantize = 'int4' or 'none' on this device")
+        if device != "cpu" and draft_quantize == "int8":
+            raise ValueError(
+                "draft_quantize = 'int8' is CPU-only (torch dynamic quantization); "
+                "fix: set llm.draft_quantize = 'int4' or 'none' on this device"
+            )
         target_model, tokenizer = load_causal_lm(target, device=device, dtype=dtype, threads=threads)
         info: dict[str, Any] = {"target_quantize": target_quantize, "draft_quantize": draft_quantize}
         if target_quantize == "int4":
@@ -117,9 +145,18 @@ class Engine:
                 quantize_int8(draft_model)
             elif draft_quantize == "int4":
                 info["draft_layers"] = _quantize(draft_model, draft, 4, variant=head_key(out_ids))
-        engine = cls(target_model, tokenizer, draft_model, mode=mode, context_limit=context_limit,
-                     draft_out_ids=out_ids, settings=settings or DecodeSettings(mode=mode), compile=compile,
-                     compile_mode=compile_mode, static_cache=static_cache)
+        engine = cls(
+            target_model,
+            tokenizer,
+            draft_model,
+            mode=mode,
+            context_limit=context_limit,
+            draft_out_ids=out_ids,
+            settings=settings or DecodeSettings(mode=mode),
+            compile=compile,
+            compile_mode=compile_mode,
+            static_cache=static_cache,
+        )
         engine.info = info
         return engine
 
@@ -127,13 +164,22 @@ class Engine:
     def from_config(cls, target: str, draft: str | None, llm: dict[str, Any]) -> Engine:
         """Load from the config's llm section (as a dict): the one place its keys become load arguments."""
         mode = llm.get("mode", "draft")
-        return cls.load(target, draft if mode == "draft" else None, device=llm.get("device", "cpu"),
-                        dtype=llm.get("dtype", "bfloat16"), mode=mode,
-                        draft_quantize=llm.get("draft_quantize", "none"), draft_vocab=llm.get("draft_vocab"),
-                        threads=llm.get("threads"), context_limit=llm.get("context_limit", 4096),
-                        target_quantize=llm.get("target_quantize", "none"), compile=llm.get("compile", "off"),
-                        compile_mode=llm.get("compile_mode", "default"), static_cache=llm.get("static_cache", 0),
-                        settings=DecodeSettings.from_config(llm))
+        return cls.load(
+            target,
+            draft if mode == "draft" else None,
+            device=llm.get("device", "cpu"),
+            dtype=llm.get("dtype", "bfloat16"),
+            mode=mode,
+            draft_quantize=llm.get("draft_quantize", "none"),
+            draft_vocab=llm.get("draft_vocab"),
+            threads=llm.get("threads"),
+            context_limit=llm.get("context_limit", 4096),
+            target_quantize=llm.get("target_quantize", "none"),
+            compile=llm.get("compile", "off"),
+            compile_mode=llm.get("compile_mode", "default"),
+            static_cache=llm.get("static_cache", 0),
+            settings=DecodeSettings.from_config(llm),
+        )
 
     def conversation(self, system_prompt: str, history_tokens: int = 1536) -> Conversation:
         from llm.conversation import Conversation
@@ -145,15 +191,24 @@ class Engine:
     def new_caches(self) -> tuple[CachedLM, CachedLM | None]:
         real = len(self.tokenizer)
         static = self.static_cache and min(self.static_cache, self.context_limit)
-        target = CachedLM(self.target_model, real_vocab=real if self.vocab_size > real else None, static_len=static,
-                          step_forward=self._step_forward.get(id(self.target_model)),
-                          step_tokens=self.settings.max_draft_length + 1)  # a verify pass is a decode step too
+        target = CachedLM(
+            self.target_model,
+            real_vocab=real if self.vocab_size > real else None,
+            static_len=static,
+            step_forward=self._step_forward.get(id(self.target_model)),
+            step_tokens=self.settings.max_draft_length + 1,
+        )  # a verify pass is a decode step too
         draft = None
         if self.draft_model is not None:
             padded = self.draft_out_ids is None and head_rows(self.draft_model) > real
-            draft = CachedLM(self.draft_model, out_ids=self.draft_out_ids, vocab_size=self.vocab_size,
-                             real_vocab=real if padded else None, static_len=static,
-                             step_forward=self._step_forward.get(id(self.draft_model)))
+            draft = CachedLM(
+                self.draft_model,
+                out_ids=self.draft_out_ids,
+                vocab_size=self.vocab_size,
+                real_vocab=real if padded else None,
+                static_len=static,
+                step_forward=self._step_forward.get(id(self.draft_model)),
+            )
         return target, draft
 
     def _policy(self, settings: DecodeSettings) -> DraftLengthPolicy:
@@ -166,22 +221,27 @@ class Engine:
             return policy
         if confidence:
             # a seeded run must be reproducible, and the cost rule reads the clock: stop at a fixed threshold
-            return DraftLengthPolicy(max_k=settings.max_draft_length, confidence=True,
-                                     threshold=settings.draft_confidence or 0.5)
+            return DraftLengthPolicy(
+                max_k=settings.max_draft_length, confidence=True, threshold=settings.draft_confidence or 0.5
+            )
         if settings.draft_length == "adaptive":
             # likewise: use the length the policy's prior picks, which is fixed
-            k = DraftLengthPolicy(max_k=settings.max_draft_length, width=width, max_nodes=max_nodes
-                                  ).choose(settings.max_draft_length + 1)
+            k = DraftLengthPolicy(max_k=settings.max_draft_length, width=width, max_nodes=max_nodes).choose(
+                settings.max_draft_length + 1
+            )
             return DraftLengthPolicy(fixed=k, max_k=k)
         assert isinstance(settings.draft_length, int)
         return DraftLengthPolicy(fixed=settings.draft_length, max_k=settings.draft_length)
 
-    def generation(self, prompt: list[int], settings: DecodeSettings, target: CachedLM,
-                   draft: CachedLM | None) -> Generation:
+    def generation(
+        self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
+    ) -> Generation:
         mode = settings.mode
         if mode == "draft" and draft is None:
-            raise ValueError("mode 'draft' needs a draft model, and this engine was loaded without one; "
-                             "fix: use mode 'ngram' or 'target', or load the engine with a draft")
+            raise ValueError(
+                "mode 'draft' needs a draft model, and this engine was loaded without one; "
+                "fix: use mode 'ngram' or 'target', or load the engine with a draft"
+            )
         proposer: Proposer | None = None
         if mode == "draft":
             assert draft is not None
@@ -190,10 +250,20 @@ class Engine:
             proposer = NgramProposer(settings.ngram_max)
         generator = None
         if not settings.sampling.greedy:
-            generator = torch.Generator().manual_seed(settings.seed if settings.seed is not None
-                                                      else int(time.time_ns() % (1 << 62)))
-        return Generation(target, proposer, prompt, settings.sampling, settings.max_new_tokens, self.stop_ids,
-                          self._policy(settings), generator, settings.prefill_chunk)
+            generator = torch.Generator().manual_seed(
+                settings.seed if settings.seed is not None else int(time.time_ns() % (1 << 62))
+            )
+        return Generation(
+            target,
+            proposer,
+            prompt,
+            settings.sampling,
+            settings.max_new_tokens,
+            self.stop_ids,
+            self._policy(settings),
+            generator,
+            settings.prefill_chunk,
+        )
 
     def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int:
         """Return how many new tokens fit; raise ContextLimitError when the prompt alone does not fit."""
@@ -203,11 +273,13 @@ class Engine:
         if room < 1:
             raise ContextLimitError(
                 f"the prompt is {len(prompt)} tokens but llm.context_limit is {self.context_limit}; "
-                "fix: shorten the input, lower dialog.history_tokens, or raise llm.context_limit")
+                "fix: shorten the input, lower dialog.history_tokens, or raise llm.context_limit"
+            )
         return min(settings.max_new_tokens, room)
 
-    def decode(self, prompt: list[int], settings: DecodeSettings | None = None, *, caches=None
-               ) -> tuple[list[int], DecodeStats]:
+    def decode(
+        self, prompt: list[int], settings: DecodeSettings | None = None, *, caches=None
+    ) -> tuple[list[int], DecodeStats]:
         """Synchronous decode of token ids (fresh caches unless given): for tests and the benchmark."""
         settings = settings or self.settings
         limit = self.check_prompt(prompt, settings)
@@ -230,8 +302,9 @@ class Engine:
         return await asyncio.get_running_loop().run_in_executor(self._executor, locked)
 
 
-def _quantize(model: torch.nn.Module, location: str, bits: int, off_grid_bits: int | None = None,
-              variant: str = "") -> dict[str, int]:
+def _quantize(
+    model: torch.nn.Module, location: str, bits: int, off_grid_bits: int | None = None, variant: str = ""
+) -> dict[str, int]:
     """Quantize, through the cache next to a local model's weights (a hub model has no folder of ours)."""
     if location.startswith("hub:") or next(model.parameters()).device.type != "cpu":
         return quantize_weights(model, bits, off_grid_bits=off_grid_bits)

@@ -54,8 +54,10 @@ class ChatHistory:
             raise ValueError("there is no assistant reply to trim; fix: call trim_last_reply after a reply")
         kept = _spoken_prefix(self.messages[-1]["content"], spoken_text)
         if kept is None:
-            raise ValueError(f"spoken text {spoken_text[:60]!r} is not a prefix of the last reply "
-                             f"{self.messages[-1]['content'][:60]!r}; fix: pass the words that were actually played")
+            raise ValueError(
+                f"spoken text {spoken_text[:60]!r} is not a prefix of the last reply "
+                f"{self.messages[-1]['content'][:60]!r}; fix: pass the words that were actually played"
+            )
         self.messages[-1]["content"] = kept
 
 

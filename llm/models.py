@@ -40,15 +40,20 @@ def _source(location: str) -> tuple[str, str]:
     if location.startswith("hub:"):
         return location[4:], f"hub id {location[4:]!r}"
     if not Path(location).is_dir():
-        raise ModelLoadError(f"model folder {location} does not exist; fix: run `specvoice models prepare` "
-                             "or point the config at a transformers model folder")
+        raise ModelLoadError(
+            f"model folder {location} does not exist; fix: run `specvoice models prepare` "
+            "or point the config at a transformers model folder"
+        )
     return location, f"folder {location}"
 
 
 def _load_error(where: str, exc: Exception) -> ModelLoadError:
     offline = os.environ.get("HF_HUB_OFFLINE") == "1"
-    hint = ("this machine is offline (HF_HUB_OFFLINE=1); use a local folder or a registered model name"
-            if offline else "check the id, your network, and that the folder holds config.json and weights")
+    hint = (
+        "this machine is offline (HF_HUB_OFFLINE=1); use a local folder or a registered model name"
+        if offline
+        else "check the id, your network, and that the folder holds config.json and weights"
+    )
     return ModelLoadError(f"cannot load the LLM from {where}: {exc.__class__.__name__}: {exc}; fix: {hint}")
 
 
@@ -109,21 +114,25 @@ def check_compatible(target_tokenizer, draft_tokenizer) -> None:
     if len(t_vocab) != len(d_vocab):
         raise IncompatibleDraftError(
             f"the draft's tokenizer has {len(d_vocab)} tokens but the target's has {len(t_vocab)}; "
-            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'")
+            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'"
+        )
     if t_vocab != d_vocab:
         differ = sum(1 for tok, i in t_vocab.items() if d_vocab.get(tok) != i)
         raise IncompatibleDraftError(
             f"the draft's tokenizer maps {differ} tokens to other ids than the target's; "
-            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'")
+            "fix: use a draft from the target's model family (same tokenizer), or llm.mode = 'ngram'"
+        )
     t_special, d_special = special_ids(target_tokenizer), special_ids(draft_tokenizer)
     if t_special != d_special:
         raise IncompatibleDraftError(
             f"special token ids differ (target {t_special}, draft {d_special}); "
-            "fix: use a draft from the target's model family, or llm.mode = 'ngram'")
+            "fix: use a draft from the target's model family, or llm.mode = 'ngram'"
+        )
 
 
-def align_draft_head(target_model: Any, draft_model: Any, tokenizer,
-                     out_ids: torch.Tensor | None) -> torch.Tensor | None:
+def align_draft_head(
+    target_model: Any, draft_model: Any, tokenizer, out_ids: torch.Tensor | None
+) -> torch.Tensor | None:
     """The draft's column -> token id map (None: column j is token j) under which the draft proposes only real
     tokens that the target's head has. Rows past the tokenizer's vocabulary are padding: when the two heads
     differ, the draft's head is cut to the real tokens (equal heads keep theirs; the padding columns are then
@@ -137,17 +146,22 @@ def align_draft_head(target_model: Any, draft_model: Any, tokenizer,
     if min(t_rows, d_inputs) < real or (out_ids is None and d_rows < real):
         raise IncompatibleDraftError(
             f"the tokenizer has {real} tokens but the target's head has {t_rows} rows and the draft's head "
-            f"{d_rows} (its embeddings {d_inputs}); fix: use a draft and target that cover the whole tokenizer")
+            f"{d_rows} (its embeddings {d_inputs}); fix: use a draft and target that cover the whole tokenizer"
+        )
     if out_ids is not None:
         if int(out_ids.max()) >= real:
-            raise IncompatibleDraftError(f"the draft's reduced head names token {int(out_ids.max())}, past the "
-                                         f"tokenizer's {real} tokens; fix: rebuild the reduced head")
+            raise IncompatibleDraftError(
+                f"the draft's reduced head names token {int(out_ids.max())}, past the "
+                f"tokenizer's {real} tokens; fix: rebuild the reduced head"
+            )
         return out_ids
     if d_rows == t_rows:
         return None
     if not hasattr(draft_model.get_output_embeddings(), "weight"):
-        raise ValueError("the draft's head rows differ from the target's and it is already quantized; "
-                         "fix: align the head (Engine.load does) before quantizing")
+        raise ValueError(
+            "the draft's head rows differ from the target's and it is already quantized; "
+            "fix: align the head (Engine.load does) before quantizing"
+        )
     keep = torch.arange(real)
     reduce_vocab_head(draft_model, keep)
     log.info("draft head aligned", extra={"draft_rows": d_rows, "target_rows": t_rows, "kept": real})
@@ -184,8 +198,9 @@ def reduce_vocab_head(model: Any, keep_ids: torch.Tensor) -> None:
     """
     head = model.get_output_embeddings()
     weight = head.weight.data[keep_ids].clone()
-    new_head = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=head.bias is not None,
-                               dtype=weight.dtype, device=weight.device)
+    new_head = torch.nn.Linear(
+        weight.shape[1], weight.shape[0], bias=head.bias is not None, dtype=weight.dtype, device=weight.device
+    )
     new_head.weight.data = weight
     if head.bias is not None:
         new_head.bias.data = head.bias.data[keep_ids].clone()

@@ -27,9 +27,19 @@ from llm.tree import tree_shape
 
 
 class DraftLengthPolicy:
-    def __init__(self, fixed: int | None = None, max_k: int = 6, prior_alpha: float = 0.7, prior_c: float = 0.4,
-                 decay: float = 0.95, width: int = 1, max_nodes: int = 8, prior_beta: float = 0.3,
-                 confidence: bool = False, threshold: float | None = None):
+    def __init__(
+        self,
+        fixed: int | None = None,
+        max_k: int = 6,
+        prior_alpha: float = 0.7,
+        prior_c: float = 0.4,
+        decay: float = 0.95,
+        width: int = 1,
+        max_nodes: int = 8,
+        prior_beta: float = 0.3,
+        confidence: bool = False,
+        threshold: float | None = None,
+    ):
         """confidence: stop on the draft's confidence (max_k is then the cap); threshold: stop when the
         estimated chance that all drafted tokens are accepted falls below it, instead of the cost rule (fixed,
         so a seeded run drafts the same way every time)."""
@@ -69,7 +79,7 @@ class DraftLengthPolicy:
     def expected_rate(self, k: int) -> float:
         a = min(self.alpha, 0.999)
         shape = tree_shape(k, self.width, self.max_nodes)
-        tokens = (1 - a ** (k + 1)) / (1 - a) + sum(a ** i * (1 - a) * self.beta for i, n in enumerate(shape) if n)
+        tokens = (1 - a ** (k + 1)) / (1 - a) + sum(a**i * (1 - a) * self.beta for i, n in enumerate(shape) if n)
         return tokens / (k * self._draft_cost() + self._verify_cost(k + sum(shape) + 1))
 
     def choose(self, remaining: int) -> int:
@@ -98,15 +108,24 @@ class DraftLengthPolicy:
         spent = i * t_d + self._verify_cost(i + 1)
         return all_ok * self.alpha * spent > expected * t_d
 
-    def update(self, drafted: int, accepted: int, draft_s: float, draft_steps: int, verify_s: float, fed: int,
-               sibling_hit: bool | None = None, confidence: list[float] | None = None) -> None:
+    def update(
+        self,
+        drafted: int,
+        accepted: int,
+        draft_s: float,
+        draft_steps: int,
+        verify_s: float,
+        fed: int,
+        sibling_hit: bool | None = None,
+        confidence: list[float] | None = None,
+    ) -> None:
         """drafted / accepted: chain tokens; sibling_hit: None unless a chain token with siblings was rejected;
         confidence: the draft's confidence in each drafted token."""
         if drafted > 0:
             self.accepted = self.accepted * self.decay + accepted
             self.rejected = self.rejected * self.decay + (1 if accepted < drafted else 0)
         if confidence:
-            verified = confidence[:min(accepted + 1, drafted)]  # tokens that were reached by verification
+            verified = confidence[: min(accepted + 1, drafted)]  # tokens that were reached by verification
             self.calib_hits = self.calib_hits * self.decay + min(accepted, drafted)
             self.calib_conf = self.calib_conf * self.decay + sum(verified)
         if sibling_hit is not None:

@@ -36,8 +36,15 @@ class Proposal:
 
 
 class Proposer(Protocol):
-    def propose(self, seq: list[int], k: int, params, generator: torch.Generator | None, stop_ids: set[int],
-                keep_drafting: KeepDrafting | None = None) -> Proposal: ...
+    def propose(
+        self,
+        seq: list[int],
+        k: int,
+        params,
+        generator: torch.Generator | None,
+        stop_ids: set[int],
+        keep_drafting: KeepDrafting | None = None,
+    ) -> Proposal: ...
 
 
 class DraftModelProposer:
@@ -84,7 +91,7 @@ class DraftModelProposer:
             if self.lm.fed_tokens - fed <= 2:  # a draft step (one token, or two after a fully accepted step)
                 seconds += time.perf_counter() - start
                 timed += 1
-            siblings.append([t for t in ranked if t != token][:shape[step]])  # one list per chain token
+            siblings.append([t for t in ranked if t != token][: shape[step]])  # one list per chain token
             tokens.append(token)
             if token in stop_ids or (keep_drafting is not None and not keep_drafting(confidence)):
                 break
@@ -109,9 +116,9 @@ class NgramProposer:
                 continue
             tail = seq[-n:]
             for i in range(len(seq) - n - 1, -1, -1):
-                if seq[i:i + n] == tail:
+                if seq[i : i + n] == tail:
                     tokens = []
-                    for t in seq[i + n:i + n + k]:
+                    for t in seq[i + n : i + n + k]:
                         tokens.append(t)
                         if t in stop_ids:
                             break

@@ -28,40 +28,55 @@ from llm.vocab import chat_prompt, generate_replies
 def reply_scores(model, prompt: list[int], reply: list[int]) -> tuple[float, float]:
     """(mean log-likelihood per token of reply after prompt, share of reply tokens that are the model's argmax)."""
     ids = torch.tensor([prompt + reply])
-    logits = model(input_ids=ids).logits[0, len(prompt) - 1:-1].float()
+    logits = model(input_ids=ids).logits[0, len(prompt) - 1 : -1].float()
     target = torch.tensor(reply)
     logp = torch.log_softmax(logits, -1).gather(1, target[:, None])[:, 0]
     return float(logp.mean()), float((logits.argmax(-1) == target).float().mean())
 
 
-def compare(reference, candidate, tokenizer, prompts: list[str] = HELD_OUT, max_new_tokens: int = 64,
-            progress: bool = True) -> dict[str, Any]:
+def compare(
+    reference, candidate, tokenizer, prompts: list[str] = HELD_OUT, max_new_tokens: int = 64, progress: bool = True
+) -> dict[str, Any]:
     start = time.monotonic()
     ref_replies = generate_replies(reference, tokenizer, prompts, max_new_tokens, progress=progress)
     cand_replies = generate_replies(candidate, tokenizer, prompts, max_new_tokens, progress=progress)
     rows = []
-    for text, ref, cand in tqdm(list(zip(prompts, ref_replies, cand_replies)), desc="scoring", disable=not progress
-                                or None):
+    for text, ref, cand in tqdm(
+        list(zip(prompts, ref_replies, cand_replies, strict=False)), desc="scoring", disable=not progress or None
+    ):
         prompt = chat_prompt(tokenizer, text)
         ref_ll, _ = reply_scores(reference, prompt, ref)
         cand_ll, agree = reply_scores(candidate, prompt, ref)
-        diverge = next((i for i, (a, b) in enumerate(zip(ref, cand)) if a != b), None)
+        diverge = next((i for i, (a, b) in enumerate(zip(ref, cand, strict=False)) if a != b), None)
         if diverge is None and len(ref) != len(cand):
             diverge = min(len(ref), len(cand))
-        rows.append({"prompt": text, "tokens": len(ref), "reference_ll": ref_ll, "candidate_ll": cand_ll,
-                     "agreement": agree, "identical": diverge is None, "first_divergence": diverge})
+        rows.append(
+            {
+                "prompt": text,
+                "tokens": len(ref),
+                "reference_ll": ref_ll,
+                "candidate_ll": cand_ll,
+                "agreement": agree,
+                "identical": diverge is None,
+                "first_divergence": diverge,
+            }
+        )
     tokens = sum(r["tokens"] for r in rows)
 
     def weighted(key: str) -> float:
         return sum(r[key] * r["tokens"] for r in rows) / max(tokens, 1)
 
-    return {"prompts": len(rows), "reference_tokens": tokens,
-            "greedy_agreement": round(weighted("agreement"), 4),
-            "identical_replies": round(sum(r["identical"] for r in rows) / max(len(rows), 1), 4),
-            "reference_mean_ll": round(weighted("reference_ll"), 4),
-            "candidate_mean_ll": round(weighted("candidate_ll"), 4),
-            "ll_drop_nats": round(weighted("reference_ll") - weighted("candidate_ll"), 4),
-            "seconds": round(time.monotonic() - start, 1), "per_prompt": rows}
+    return {
+        "prompts": len(rows),
+        "reference_tokens": tokens,
+        "greedy_agreement": round(weighted("agreement"), 4),
+        "identical_replies": round(sum(r["identical"] for r in rows) / max(len(rows), 1), 4),
+        "reference_mean_ll": round(weighted("reference_ll"), 4),
+        "candidate_mean_ll": round(weighted("candidate_ll"), 4),
+        "ll_drop_nats": round(weighted("reference_ll") - weighted("candidate_ll"), 4),
+        "seconds": round(time.monotonic() - start, 1),
+        "per_prompt": rows,
+    }
 
 
 def run(target: str, out: str, max_new_tokens: int = 64) -> int:
@@ -74,10 +89,12 @@ def run(target: str, out: str, max_new_tokens: int = 64) -> int:
     layers = _quantize(candidate, target, 4, off_grid_bits=8)
     result = compare(reference, candidate, tokenizer, max_new_tokens=max_new_tokens)
     result["candidate"] = {"target_quantize": "int4", "layers": layers}
-    print(f"int4 target vs bf16 on {result['prompts']} held-out prompts ({result['reference_tokens']} reference "
-          f"tokens): greedy agreement {result['greedy_agreement']:.4f}, identical replies "
-          f"{result['identical_replies']:.2f}, mean log-likelihood {result['candidate_mean_ll']:.4f} vs "
-          f"{result['reference_mean_ll']:.4f} (drop {result['ll_drop_nats']:.4f} nats per token)")
+    print(
+        f"int4 target vs bf16 on {result['prompts']} held-out prompts ({result['reference_tokens']} reference "
+        f"tokens): greedy agreement {result['greedy_agreement']:.4f}, identical replies "
+        f"{result['identical_replies']:.2f}, mean log-likelihood {result['candidate_mean_ll']:.4f} vs "
+        f"{result['reference_mean_ll']:.4f} (drop {result['ll_drop_nats']:.4f} nats per token)"
+    )
     Path(out).parent.mkdir(parents=True, exist_ok=True)
     Path(out).write_text(json.dumps(result, indent=1))
     print(f"wrote {out}")

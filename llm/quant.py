@@ -22,7 +22,6 @@ import hashlib
 import logging
 import os
 from pathlib import Path
-
 from typing import Any
 
 import torch
@@ -95,11 +94,11 @@ class Int4Linear(torch.nn.Module):
         if self.packed.device.type == "cpu":
             eye = torch.eye(self.in_features, dtype=torch.bfloat16)
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(eye, self.packed, self.group, self.scales)
-            return out.float().t()[:self.out_features]
+            return out.float().t()[: self.out_features]
         q = self.packed.float().reshape(self.packed.shape[0], -1, self.group)
         s = self.scales.float()
         step, zero = s[..., 0].t()[..., None], s[..., 1].t()[..., None]
-        return ((q - 8) * step + zero).reshape(-1, self.in_features)[:self.out_features]
+        return ((q - 8) * step + zero).reshape(-1, self.in_features)[: self.out_features]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
@@ -109,7 +108,7 @@ class Int4Linear(torch.nn.Module):
         else:
             out = flat @ self.dequantized().to(torch.bfloat16).t()
         if out.shape[-1] != self.out_features:
-            out = out[:, :self.out_features]
+            out = out[:, : self.out_features]
         if self.bias is not None:
             out = out + self.bias.to(out.dtype)
         return out.reshape(*shape[:-1], self.out_features).to(x.dtype)
@@ -147,8 +146,7 @@ class Int8Linear(torch.nn.Module):
 OFF_GRID = 0.15  # error (in steps) above which a tensor is taken to lie on no 4-bit grid
 
 
-def quantize_weights(model: Any, bits: int = 4, group: int = GROUP, off_grid_bits: int | None = None
-                     ) -> dict[str, int]:
+def quantize_weights(model: Any, bits: int = 4, group: int = GROUP, off_grid_bits: int | None = None) -> dict[str, int]:
     """Replace every Linear by its weight-only quantized form, in place, one layer at a time (peak memory: one
     layer's float32 copy). bits: 4 or 8; off_grid_bits (4, 8 or 16; default: bits): for int4, the precision of
     tensors that lie on no 4-bit grid. A Linear whose input width does not divide into groups stays as it is.
@@ -175,6 +173,7 @@ def quantize_weights(model: Any, bits: int = 4, group: int = GROUP, off_grid_bit
 
 # --- a cache of quantized layers next to the weights: quantizing the 1.5B takes minutes, loading it seconds ----
 
+
 def _shell(kind: type[torch.nn.Module], spec: dict[str, Any]) -> torch.nn.Module:
     module: Any = kind.__new__(kind)
     torch.nn.Module.__init__(module)
@@ -192,9 +191,15 @@ def save_quantized(model: Any, path: Path) -> None:
     layers = {}
     for name, m in model.named_modules():
         if isinstance(m, (Int4Linear, Int8Linear)):
-            layers[name] = {"kind": type(m).__name__, "in": m.in_features, "out": m.out_features,
-                            "group": getattr(m, "group", 0), "error": getattr(m, "error", 0.0),
-                            "buffers": dict(m._buffers), "bias": None if m.bias is None else m.bias.data}
+            layers[name] = {
+                "kind": type(m).__name__,
+                "in": m.in_features,
+                "out": m.out_features,
+                "group": getattr(m, "group", 0),
+                "error": getattr(m, "error", 0.0),
+                "buffers": dict(m._buffers),
+                "bias": None if m.bias is None else m.bias.data,
+            }
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     torch.save({"torch": str(torch.__version__), "layers": layers}, tmp)
     tmp.replace(path)
@@ -223,8 +228,9 @@ def load_quantized(model: Any, path: Path) -> dict[str, int] | None:
     return counts
 
 
-def quantize_cached(model: Any, folder: str, bits: int = 4, off_grid_bits: int | None = None,
-                    variant: str = "") -> dict[str, int]:
+def quantize_cached(
+    model: Any, folder: str, bits: int = 4, off_grid_bits: int | None = None, variant: str = ""
+) -> dict[str, int]:
     """``quantize_weights``, through a cache file in the model's folder (keyed by the recipe, ``variant`` e.g.
     a reduced head's ids, and the torch version). A folder that cannot be written to just gets no cache."""
     key = hashlib.sha1(f"{bits}/{off_grid_bits}/{GROUP}/{variant}/{torch.__version__}".encode()).hexdigest()[:12]

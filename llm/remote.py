@@ -50,6 +50,8 @@ log = logging.getLogger("specvoice.llm.remote")
 
 CHARS_PER_TOKEN = 4.0  # history estimate without a tokenizer: English text in a BPE vocabulary of 32k-150k
 MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message (role markers, separators)
+
+
 @dataclass
 class RemoteSettings:
     """Where the server is and how long to wait for it (the config's llm.* remote keys)."""
@@ -80,11 +82,16 @@ class RemoteStats(DecodeStats):
 
     def log_line(self) -> str:
         spec = self.server_spec or {}
-        served = (f"server acceptance {spec.get('window_acceptance')}" if spec.get("reported")
-                  else "server speculation: not reported")
-        return (f"llm remote {self.server_model}: {self.new_tokens} tokens in {self.total_s:.2f}s "
-                f"({self.tokens_per_s:.2f} tok/s), ttft {self.ttft_s * 1000:.0f} ms, {self.attempts} attempt(s), "
-                f"prompt {self.prompt_tokens} tokens, {served}")
+        served = (
+            f"server acceptance {spec.get('window_acceptance')}"
+            if spec.get("reported")
+            else "server speculation: not reported"
+        )
+        return (
+            f"llm remote {self.server_model}: {self.new_tokens} tokens in {self.total_s:.2f}s "
+            f"({self.tokens_per_s:.2f} tok/s), ttft {self.ttft_s * 1000:.0f} ms, {self.attempts} attempt(s), "
+            f"prompt {self.prompt_tokens} tokens, {served}"
+        )
 
 
 class RemoteEngine:
@@ -113,8 +120,10 @@ class RemoteEngine:
         if self._client is None or self._client[0] is not loop:
             r = self.remote
             timeout = Timeout(r.first_token_timeout_s, connect=r.connect_timeout_s)
-            self._client = (loop, AsyncOpenAI(base_url=r.base_url, api_key=r.api_key or "unused", max_retries=0,
-                                              timeout=timeout))
+            self._client = (
+                loop,
+                AsyncOpenAI(base_url=r.base_url, api_key=r.api_key or "unused", max_retries=0, timeout=timeout),
+            )
         return self._client[1]
 
     async def model_name(self) -> str:
@@ -122,13 +131,17 @@ class RemoteEngine:
         if self._model is None:
             listed = [m.id for m in (await self.client().models.list()).data]
             if not listed:
-                raise RemoteLLMError("refused", f"the LLM server at {self.remote.base_url} lists no model; fix: "
-                                                "load one there, or set llm.remote_model")
+                raise RemoteLLMError(
+                    "refused",
+                    f"the LLM server at {self.remote.base_url} lists no model; fix: "
+                    "load one there, or set llm.remote_model",
+                )
             self._model = listed[0]
         return self._model
 
-    async def open(self, messages: list[dict], settings: DecodeSettings, stats: RemoteStats
-                   ) -> tuple[AsyncStream[Any], str, float]:
+    async def open(
+        self, messages: list[dict], settings: DecodeSettings, stats: RemoteStats
+    ) -> tuple[AsyncStream[Any], str, float]:
         """Send the request and wait for the first token, retrying what may be retried before it; returns the
         open stream, the first token's text ("" when the reply is empty) and its arrival time."""
         r = self.remote
@@ -158,9 +171,12 @@ class RemoteEngine:
                         raise
         except TimeoutError:
             if last is None:
-                raise RemoteLLMError("slow", f"no first token from the LLM server at {r.base_url} within "
-                                     f"{r.first_token_timeout_s:g} s (llm.first_token_timeout_s); fix: a less loaded "
-                                     "server, or raise llm.first_token_timeout_s") from None
+                raise RemoteLLMError(
+                    "slow",
+                    f"no first token from the LLM server at {r.base_url} within "
+                    f"{r.first_token_timeout_s:g} s (llm.first_token_timeout_s); fix: a less loaded "
+                    "server, or raise llm.first_token_timeout_s",
+                ) from None
         except APIStatusError as exc:
             raise refused(exc, r.base_url) from None
         assert last is not None
@@ -168,8 +184,11 @@ class RemoteEngine:
 
     async def _request(self, messages: list[dict], settings: DecodeSettings) -> AsyncStream[Any]:
         params: dict[str, Any] = {
-            "model": await self.model_name(), "messages": _alternating(messages), "stream": True,
-            "max_tokens": settings.max_new_tokens, "temperature": settings.temperature,
+            "model": await self.model_name(),
+            "messages": _alternating(messages),
+            "stream": True,
+            "max_tokens": settings.max_new_tokens,
+            "temperature": settings.temperature,
             "stream_options": {"include_usage": True},  # token counts in the last chunk (vLLM needs asking)
             "extra_headers": {"X-Request-ID": f"specvoice-{uuid.uuid4().hex[:12]}-{next(self._ids)}"},
         }
@@ -208,8 +227,9 @@ class RemoteConversation(ChatHistory):
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
             raise RuntimeError("no local tokenizer for the remote model; fix: set llm.tokenizer to its tokenizer")
-        ids = tokenizer.apply_chat_template(messages if messages is not None else self.messages,
-                                            add_generation_prompt=True, tokenize=True)
+        ids = tokenizer.apply_chat_template(
+            messages if messages is not None else self.messages, add_generation_prompt=True, tokenize=True
+        )
         return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
     def count_tokens(self, messages: list[dict]) -> int:
@@ -224,17 +244,18 @@ class RemoteConversation(ChatHistory):
         messages = list(messages)
         first = 1 if messages and messages[0]["role"] == "system" else 0
         while self.count_tokens(messages) > self.history_tokens and len(messages) - first > 1:
-            del messages[first:first + (2 if len(messages) - first > 2 else 1)]
+            del messages[first : first + (2 if len(messages) - first > 2 else 1)]
         return messages
 
-    async def warm(self) -> int:
+    async def warm(self, user_start: str = "") -> int:
         """Nothing to prefill here: the server keeps its own prefix cache (vLLM: --enable-prefix-caching)."""
         return 0
 
     # ---- replies ---------------------------------------------------------------------------------------------
 
-    async def reply(self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
-                    ) -> AsyncIterator[Emission]:
+    async def reply(
+        self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+    ) -> AsyncIterator[Emission]:
         """Stream the reply to ``user_text`` as the server sends it; same contract as the local
         ``Conversation.reply``. ``Emission.token_ids`` is empty: the server sends text, not ids."""
         settings = settings or self.engine.settings
@@ -284,14 +305,18 @@ class RemoteConversation(ChatHistory):
                 self.engine.after_reply(stats)
 
 
-async def _next_piece(stream: AsyncStream[Any], stats: RemoteStats, remote: RemoteSettings, received: int
-                      ) -> tuple[str | None, float]:
+async def _next_piece(
+    stream: AsyncStream[Any], stats: RemoteStats, remote: RemoteSettings, received: int
+) -> tuple[str | None, float]:
     """The next chunk's text ("" for a chunk without any) and arrival time; None at the end of the stream."""
     try:
         chunk = await anext(stream, None)
     except APIError as exc:  # the server died, the network dropped, or a token gap passed the read timeout
-        raise RemoteLLMError("dropped", f"the LLM server at {remote.base_url} broke off the reply after {received} "
-                             f"tokens ({type(exc).__name__}: {exc}); the next turn tries again") from None
+        raise RemoteLLMError(
+            "dropped",
+            f"the LLM server at {remote.base_url} broke off the reply after {received} "
+            f"tokens ({type(exc).__name__}: {exc}); the next turn tries again",
+        ) from None
     if chunk is None:
         return None, time.monotonic()
     return _record(chunk, stats), time.monotonic()

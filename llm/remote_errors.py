@@ -32,7 +32,7 @@ class RemoteLLMError(RuntimeError):
 
 def retry_delay(exc: BaseException, attempt: int) -> float:
     """Exponential backoff from 0.2 s, or the server's Retry-After (429/503) when it says, at most 5 s."""
-    delay = 0.2 * 2 ** attempt
+    delay = 0.2 * 2**attempt
     response = getattr(exc, "response", None)
     if response is not None:
         try:
@@ -44,18 +44,31 @@ def retry_delay(exc: BaseException, attempt: int) -> float:
 
 def unavailable(exc: BaseException, url: str, attempts: int) -> RemoteLLMError:
     if isinstance(exc, RateLimitError):
-        return RemoteLLMError("busy", f"the LLM server at {url} answered 429 (too many requests) {attempts} time(s); "
-                                      "fix: add server capacity, or raise llm.retries")
+        return RemoteLLMError(
+            "busy",
+            f"the LLM server at {url} answered 429 (too many requests) {attempts} time(s); "
+            "fix: add server capacity, or raise llm.retries",
+        )
     if isinstance(exc, InternalServerError):
-        return RemoteLLMError("busy", f"the LLM server at {url} failed with HTTP {exc.status_code} {attempts} "
-                                      f"time(s) ({exc.message}); fix: check the server's log")
-    return RemoteLLMError("down", f"cannot reach the LLM server at {url} ({type(exc).__name__}: {exc}) after "
-                                  f"{attempts} attempt(s); fix: start the server, or correct llm.base_url")
+        return RemoteLLMError(
+            "busy",
+            f"the LLM server at {url} failed with HTTP {exc.status_code} {attempts} "
+            f"time(s) ({exc.message}); fix: check the server's log",
+        )
+    return RemoteLLMError(
+        "down",
+        f"cannot reach the LLM server at {url} ({type(exc).__name__}: {exc}) after "
+        f"{attempts} attempt(s); fix: start the server, or correct llm.base_url",
+    )
 
 
 def refused(exc: APIStatusError, url: str) -> RemoteLLMError:
-    hint = {401: "set llm.api_key to the server's key", 403: "set llm.api_key to the server's key",
-            404: "check llm.base_url (it ends in /v1) and llm.remote_model"}.get(exc.status_code,
-                                                                                  "check the request settings")
-    return RemoteLLMError("refused", f"the LLM server at {url} refused the request with HTTP {exc.status_code} "
-                                     f"({exc.message}); fix: {hint}")
+    hint = {
+        401: "set llm.api_key to the server's key",
+        403: "set llm.api_key to the server's key",
+        404: "check llm.base_url (it ends in /v1) and llm.remote_model",
+    }.get(exc.status_code, "check the request settings")
+    return RemoteLLMError(
+        "refused",
+        f"the LLM server at {url} refused the request with HTTP {exc.status_code} ({exc.message}); fix: {hint}",
+    )

@@ -43,9 +43,12 @@ class SpecCounters:
         accepted = self.accepted_tokens - base.accepted_tokens
         if drafts < 0 or drafted < 0:  # the server restarted: its counters began again
             drafts, drafted, accepted = self.drafts, self.draft_tokens, self.accepted_tokens
-        return {"reported": True, **asdict(self),
-                "window_acceptance": accepted / drafted if drafted > 0 else None,
-                "window_mean_accepted_length": 1 + accepted / drafts if drafts > 0 else None}
+        return {
+            "reported": True,
+            **asdict(self),
+            "window_acceptance": accepted / drafted if drafted > 0 else None,
+            "window_mean_accepted_length": 1 + accepted / drafts if drafts > 0 else None,
+        }
 
 
 def parse_spec_counters(text: str) -> SpecCounters | None:

@@ -40,9 +40,11 @@ class DecodeSettings:
         if self.mode not in ("draft", "ngram", "target"):
             raise ValueError(f"mode {self.mode!r} is not one of draft, ngram, target")
         if self.draft_length not in ("adaptive", "confidence") and (
-                not isinstance(self.draft_length, int) or self.draft_length < 1):
-            raise ValueError(f"draft_length must be a positive integer, 'adaptive' or 'confidence', "
-                             f"got {self.draft_length!r}")
+            not isinstance(self.draft_length, int) or self.draft_length < 1
+        ):
+            raise ValueError(
+                f"draft_length must be a positive integer, 'adaptive' or 'confidence', got {self.draft_length!r}"
+            )
         if self.max_new_tokens < 0:
             raise ValueError(f"max_new_tokens must be >= 0, got {self.max_new_tokens}")
         if self.temperature < 0 or not 0 < self.top_p <= 1 or self.top_k < 0:
@@ -50,8 +52,9 @@ class DecodeSettings:
         if self.tree_width < 1 or self.tree_nodes < 1:
             raise ValueError(f"need tree_width >= 1 and tree_nodes >= 1, got {self.tree_width}, {self.tree_nodes}")
         if self.max_draft_length < 1 or self.prefill_chunk < 0:
-            raise ValueError(f"need max_draft_length >= 1 and prefill_chunk >= 0, got {self.max_draft_length}, "
-                             f"{self.prefill_chunk}")
+            raise ValueError(
+                f"need max_draft_length >= 1 and prefill_chunk >= 0, got {self.max_draft_length}, {self.prefill_chunk}"
+            )
         if self.draft_confidence is not None and not 0 < self.draft_confidence < 1:
             raise ValueError(f"draft_confidence must be between 0 and 1, got {self.draft_confidence}")
 
@@ -115,16 +118,24 @@ class DecodeStats:
         n = len(gen.new_tokens)
         first = gen.first_token_t
         return cls(
-            mode=mode, prompt_tokens=len(gen.prompt), prefill_tokens=prefill_tokens, new_tokens=n,
-            target_calls=gen.target_calls, drafted=drafted, accepted=accepted,
+            mode=mode,
+            prompt_tokens=len(gen.prompt),
+            prefill_tokens=prefill_tokens,
+            new_tokens=n,
+            target_calls=gen.target_calls,
+            drafted=drafted,
+            accepted=accepted,
             accepted_per_drafted=accepted / drafted if drafted else 0.0,
             alpha_estimate=accepted / (accepted + rejections) if accepted + rejections else 0.0,
             mean_accepted_length=(n - len(gen.records[0].committed)) / len(steps) if steps else 0.0,
             tokens_per_s=n / (end - start) if end > start else 0.0,
             decode_tokens_per_s=(n - len(gen.records[0].committed)) / (end - first)
-            if first is not None and end > first else 0.0,
+            if first is not None and end > first
+            else 0.0,
             ttft_s=(first - start) if first is not None else 0.0,
-            total_s=end - start, draft_lengths=[r.drafted for r in steps], accepted_lengths=[r.accepted for r in steps],
+            total_s=end - start,
+            draft_lengths=[r.drafted for r in steps],
+            accepted_lengths=[r.accepted for r in steps],
             token_times=times,
         )
 
@@ -132,8 +143,10 @@ class DecodeStats:
         return asdict(self)
 
     def log_line(self) -> str:
-        return (f"llm {self.mode}: {self.new_tokens} tokens in {self.total_s:.2f}s ({self.tokens_per_s:.2f} tok/s, "
-                f"decode {self.decode_tokens_per_s:.2f} tok/s), ttft {self.ttft_s * 1000:.0f} ms, prefill "
-                f"{self.prefill_tokens}/{self.prompt_tokens} tokens, target calls {self.target_calls}, "
-                f"accepted/drafted {self.accepted}/{self.drafted}, alpha {self.alpha_estimate:.2f}, "
-                f"mean accepted length {self.mean_accepted_length:.2f}")
+        return (
+            f"llm {self.mode}: {self.new_tokens} tokens in {self.total_s:.2f}s ({self.tokens_per_s:.2f} tok/s, "
+            f"decode {self.decode_tokens_per_s:.2f} tok/s), ttft {self.ttft_s * 1000:.0f} ms, prefill "
+            f"{self.prefill_tokens}/{self.prompt_tokens} tokens, target calls {self.target_calls}, "
+            f"accepted/drafted {self.accepted}/{self.drafted}, alpha {self.alpha_estimate:.2f}, "
+            f"mean accepted length {self.mean_accepted_length:.2f}"
+        )

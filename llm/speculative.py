@@ -38,8 +38,9 @@ class SamplingParams:
         return probabilities(logits, self.temperature, self.top_k, self.top_p)
 
 
-def verify(drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, greedy: bool,
-           generator: torch.Generator | None) -> tuple[list[int], int]:
+def verify(
+    drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, greedy: bool, generator: torch.Generator | None
+) -> tuple[list[int], int]:
     """The acceptance rule. p: [len(drafts)+1, V] target distributions; q as in Proposal.
 
     Returns (tokens to commit, number of drafts accepted). The committed tokens are the accepted drafts and
@@ -133,7 +134,7 @@ class Generation:
             stop = {"keep_drafting": self.policy.keep_drafting} if self.policy.confidence else {}
             proposal = self.proposer.propose(self.seq, k, self.params, self.generator, self.stop_ids, **stop)
         drafts = proposal.tokens[:k]
-        siblings = proposal.siblings[:len(drafts)]
+        siblings = proposal.siblings[: len(drafts)]
         start = time.perf_counter()
         sibling_hit = None
         if any(siblings):  # a token tree: one pass over all nodes, then keep the accepted path's cache only
@@ -151,16 +152,24 @@ class Generation:
             committed, accepted = verify(drafts, proposal.q, p, self.params.greedy, self.generator)
             fed, chain_accepted = len(drafts) + 1, accepted
         if self.proposer is not None:
-            self.policy.update(len(drafts), chain_accepted, proposal.seconds, proposal.timed_steps,
-                               time.perf_counter() - start, fed, sibling_hit, proposal.confidence[:len(drafts)])
+            self.policy.update(
+                len(drafts),
+                chain_accepted,
+                proposal.seconds,
+                proposal.timed_steps,
+                time.perf_counter() - start,
+                fed,
+                sibling_hit,
+                proposal.confidence[: len(drafts)],
+            )
         return self._commit(committed, len(drafts), accepted, fed)
 
     def _commit(self, committed: list[int], drafted: int, accepted: int, fed: int) -> list[int]:
         self.target_calls += 1
-        committed = committed[:self.max_new_tokens - len(self.new_tokens)]
+        committed = committed[: self.max_new_tokens - len(self.new_tokens)]
         for i, token in enumerate(committed):
             if token in self.stop_ids:
-                committed = committed[:i + 1]
+                committed = committed[: i + 1]
                 self.done = True
                 break
         self.seq.extend(committed)

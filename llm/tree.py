@@ -30,7 +30,7 @@ def tree_shape(k: int, width: int, max_nodes: int) -> list[int]:
 def token_tree(chain: list[int], siblings: list[list[int]], k: int) -> tuple[list[int], list[int]]:
     """The first k chain tokens and their siblings as a token tree (tokens, parents)."""
     tokens, parents = list(chain[:k]), list(range(-1, min(k, len(chain)) - 1))
-    for i, alternatives in enumerate(siblings[:len(tokens)]):
+    for i, alternatives in enumerate(siblings[: len(tokens)]):
         tokens += alternatives
         parents += [i - 1] * len(alternatives)
     return tokens, parents
@@ -54,8 +54,8 @@ def tree_logits(lm: CachedLM, seq: list[int], tokens: list[int], parents: list[i
     depth: list[int] = []
     allowed = torch.zeros(fed + n, keep + fed + n, dtype=torch.bool)
     allowed[:, :keep] = True
-    allowed[:fed, keep:keep + fed] = torch.ones(fed, fed, dtype=torch.bool).tril()
-    allowed[fed:, keep:keep + fed] = True
+    allowed[:fed, keep : keep + fed] = torch.ones(fed, fed, dtype=torch.bool).tril()
+    allowed[fed:, keep : keep + fed] = True
     for j, parent in enumerate(parents):
         depth.append(1 if parent < 0 else depth[parent] + 1)
         node = j
@@ -65,8 +65,12 @@ def tree_logits(lm: CachedLM, seq: list[int], tokens: list[int], parents: list[i
     positions = list(range(keep, len(seq))) + [len(seq) - 1 + d for d in depth]
     dtype = next(p for p in lm.model.parameters() if p.is_floating_point()).dtype
     mask = torch.zeros(allowed.shape, dtype=dtype).masked_fill_(~allowed, torch.finfo(dtype).min)
-    out = lm.forward(list(seq[keep:]) + list(tokens), n + 1, attention_mask=mask[None, None].to(lm.device),
-                     position_ids=torch.tensor([positions], device=lm.device))
+    out = lm.forward(
+        list(seq[keep:]) + list(tokens),
+        n + 1,
+        attention_mask=mask[None, None].to(lm.device),
+        position_ids=torch.tensor([positions], device=lm.device),
+    )
     lm.ids = list(seq)
     return out
 
@@ -78,16 +82,22 @@ def keep_path(lm: CachedLM, tokens: list[int], path: list[int]) -> None:
     if path != list(range(len(path))):  # off the first chain: move the path's entries next to seq
         index = torch.tensor([base + j for j in path], device=lm.device)
         for layer in lm.cache.layers:  # path[i] >= i, and the right side is copied before it is written
-            layer.keys[..., base:base + len(path), :] = layer.keys.index_select(-2, index)
-            layer.values[..., base:base + len(path), :] = layer.values.index_select(-2, index)
+            layer.keys[..., base : base + len(path), :] = layer.keys.index_select(-2, index)
+            layer.values[..., base : base + len(path), :] = layer.values.index_select(-2, index)
     extra = lm.cache.get_seq_length() - base - len(path)
     if extra > 0:
         lm.cache.crop(-extra)
     lm.ids = lm.ids + [tokens[j] for j in path]
 
 
-def verify_tree(drafts: list[int], q: torch.Tensor | None, siblings: list[list[int]], p: torch.Tensor,
-                greedy: bool, generator: torch.Generator | None) -> tuple[list[int], list[int]]:
+def verify_tree(
+    drafts: list[int],
+    q: torch.Tensor | None,
+    siblings: list[list[int]],
+    p: torch.Tensor,
+    greedy: bool,
+    generator: torch.Generator | None,
+) -> tuple[list[int], list[int]]:
     """The acceptance rule over a token tree (``token_tree`` order). p: [1 + nodes, V], row 0 after the last
     committed token, row 1+j after node j.
 

@@ -10,7 +10,8 @@ The counts come from the target itself, greedy, on ``prompts.COUNT_PROMPTS`` (ba
 not an hour), and are stored as JSON next to the target's weights (``COUNTS_FILE``), built by
 ``specvoice models prepare``. Counting takes the 1.5B target about half an hour on a 2-core CPU, so the counts
 of the embedded default target ship in ``llm/token_counts/`` and are used when the weights' checksum (from the
-model folder's manifest) matches; any other target gets its own counts built. The head is: tokens by count, then the rest by merge order, plus the specials.
+model folder's manifest) matches; any other target gets its own counts built. The head is: tokens by count,
+then the rest by merge order, plus the specials.
 """
 
 from __future__ import annotations
@@ -42,14 +43,24 @@ def counts_path(target_location: str) -> Path | None:
 
 
 def chat_prompt(tokenizer, user: str, system: str = SYSTEM) -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                        add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)
 
 
 @torch.no_grad()
-def generate_replies(model, tokenizer, prompts: list[str], max_new_tokens: int = 64, batch: int = 8,
-                     system: str = SYSTEM, progress: bool = True) -> list[list[int]]:
+def generate_replies(
+    model,
+    tokenizer,
+    prompts: list[str],
+    max_new_tokens: int = 64,
+    batch: int = 8,
+    system: str = SYSTEM,
+    progress: bool = True,
+) -> list[list[int]]:
     """Greedy replies of ``model`` to prompts, in batches (left-padded), stop tokens removed.
 
     Batched because a CPU forward over 8 sequences costs little more than over one (decoding is bound by
@@ -59,12 +70,18 @@ def generate_replies(model, tokenizer, prompts: list[str], max_new_tokens: int =
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(stop)
     replies: list[list[int]] = []
     for i in tqdm(range(0, len(prompts), batch), desc="replies", unit="batch", disable=not progress or None):
-        ids = [chat_prompt(tokenizer, p, system) for p in prompts[i:i + batch]]
+        ids = [chat_prompt(tokenizer, p, system) for p in prompts[i : i + batch]]
         width = max(map(len, ids))
         input_ids = torch.tensor([[pad] * (width - len(x)) + x for x in ids])
         mask = torch.tensor([[0] * (width - len(x)) + [1] * len(x) for x in ids])
-        out = model.generate(input_ids, attention_mask=mask, max_new_tokens=max_new_tokens, do_sample=False,
-                             eos_token_id=sorted(stop), pad_token_id=pad)
+        out = model.generate(
+            input_ids,
+            attention_mask=mask,
+            max_new_tokens=max_new_tokens,
+            do_sample=False,
+            eos_token_id=sorted(stop),
+            pad_token_id=pad,
+        )
         for row in out[:, width:].tolist():
             reply = []
             for t in row:
@@ -136,8 +153,7 @@ def head_ids(tokenizer, n: int, counts: Counter[int] | None = None) -> torch.Ten
     return torch.tensor(sorted(set(chosen) | special), dtype=torch.long)
 
 
-def draft_head(tokenizer, target_location: str, n: int, token_counts: str | None = None
-               ) -> tuple[torch.Tensor, str]:
+def draft_head(tokenizer, target_location: str, n: int, token_counts: str | None = None) -> tuple[torch.Tensor, str]:
     """(ids, how they were chosen) of the draft's n-row head: from the target's token counts (or the given
     file) when they exist, else by merge order."""
     counts = load_counts(Path(token_counts) if token_counts else counts_path(target_location))
@@ -156,8 +172,9 @@ def coverage(ids: torch.Tensor, replies: Iterable[list[int]]) -> float:
     return sum(t in keep for t in tokens) / len(tokens) if tokens else 1.0
 
 
-def build_counts(target_location: str, *, max_new_tokens: int = 64, batch: int = 8, force: bool = False,
-                 dtype: str = "bfloat16") -> Path | None:
+def build_counts(
+    target_location: str, *, max_new_tokens: int = 64, batch: int = 8, force: bool = False, dtype: str = "bfloat16"
+) -> Path | None:
     """Generate the count corpus with the target and store the counts in its folder; returns the file (None for
     a hub model). Skipped when the file exists, unless force."""
     from llm.models import load_causal_lm
@@ -174,8 +191,17 @@ def build_counts(target_location: str, *, max_new_tokens: int = 64, batch: int =
     model, tokenizer = load_causal_lm(target_location, dtype=dtype)
     replies = generate_replies(model, tokenizer, COUNT_PROMPTS, max_new_tokens, batch)
     counts = count_tokens(replies)
-    save_counts(path, counts, {"prompts": len(COUNT_PROMPTS), "tokens": sum(counts.values()),
-                               "distinct": len(counts), "max_new_tokens": max_new_tokens, "dtype": dtype,
-                               "seconds": round(time.monotonic() - start, 1)})
+    save_counts(
+        path,
+        counts,
+        {
+            "prompts": len(COUNT_PROMPTS),
+            "tokens": sum(counts.values()),
+            "distinct": len(counts),
+            "max_new_tokens": max_new_tokens,
+            "dtype": dtype,
+            "seconds": round(time.monotonic() - start, 1),
+        },
+    )
     log.info("token counts built", extra={"path": str(path), "tokens": sum(counts.values())})
     return path

@@ -45,12 +45,54 @@ def make_tls_files(folder: Path, host: str = "127.0.0.1") -> TlsFiles:
     def run(*args: str) -> None:
         subprocess.run(["openssl", *args], check=True, capture_output=True, timeout=60)
 
-    run("req", "-x509", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-days", "1",
-        "-subj", "/CN=specvoice test CA", "-keyout", str(ca_key), "-out", str(ca))
-    run("req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1", "-nodes", "-subj", f"/CN={host}",
-        "-keyout", str(key), "-out", str(csr))
-    run("x509", "-req", "-in", str(csr), "-CA", str(ca), "-CAkey", str(ca_key), "-CAcreateserial", "-days", "1",
-        "-extfile", str(ext), "-out", str(cert))
+    run(
+        "req",
+        "-x509",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-days",
+        "1",
+        "-subj",
+        "/CN=specvoice test CA",
+        "-keyout",
+        str(ca_key),
+        "-out",
+        str(ca),
+    )
+    run(
+        "req",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+        "-subj",
+        f"/CN={host}",
+        "-keyout",
+        str(key),
+        "-out",
+        str(csr),
+    )
+    run(
+        "x509",
+        "-req",
+        "-in",
+        str(csr),
+        "-CA",
+        str(ca),
+        "-CAkey",
+        str(ca_key),
+        "-CAcreateserial",
+        "-days",
+        "1",
+        "-extfile",
+        str(ext),
+        "-out",
+        str(cert),
+    )
     return TlsFiles(ca, cert, key)
 
 
@@ -59,8 +101,14 @@ class Broker:
 
     host = "127.0.0.1"
 
-    def __init__(self, workdir: Path, *, users: dict[str, str] | None = None, tls: TlsFiles | None = None,
-                 max_packet_size: int | None = None) -> None:
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        users: dict[str, str] | None = None,
+        tls: TlsFiles | None = None,
+        max_packet_size: int | None = None,
+    ) -> None:
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.port = free_port()
@@ -77,8 +125,9 @@ class Broker:
             passwd = self.workdir / "passwd"
             passwd.write_text("")
             for name, password in users.items():
-                subprocess.run(["mosquitto_passwd", "-b", str(passwd), name, password], check=True,
-                               capture_output=True, timeout=30)
+                subprocess.run(
+                    ["mosquitto_passwd", "-b", str(passwd), name, password], check=True, capture_output=True, timeout=30
+                )
             lines += ["allow_anonymous false", f"password_file {passwd}"]
         else:
             lines.append("allow_anonymous true")
@@ -92,13 +141,15 @@ class Broker:
     def start(self, timeout: float = 10.0) -> None:
         if self.proc is not None and self.proc.poll() is None:
             raise RuntimeError("broker already running")
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.config)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.config)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        )
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"mosquitto exited ({self.proc.returncode}): "
-                                   f"{self.proc.stderr.read().decode()} {self.log()}")
+                raise RuntimeError(
+                    f"mosquitto exited ({self.proc.returncode}): {self.proc.stderr.read().decode()} {self.log()}"
+                )
             try:
                 with socket.create_connection((self.host, self.port), timeout=0.2):
                     return
@@ -153,8 +204,9 @@ class Home:
 
     async def connect(self) -> Home:
         self._arrived = asyncio.Event()
-        self._client = aiomqtt.Client(self.broker.host, self.broker.port, identifier=self.identifier,
-                                      clean_session=False, **self.client_kwargs)
+        self._client = aiomqtt.Client(
+            self.broker.host, self.broker.port, identifier=self.identifier, clean_session=False, **self.client_kwargs
+        )
         await self._client.__aenter__()
         await self._client.subscribe([(t, 1) for t in self.topics])
         self._reader = asyncio.create_task(self._read())
@@ -216,8 +268,9 @@ class Home:
                 self._arrived.clear()
                 await self._arrived.wait()
 
-    async def wait_count(self, topic: str, n: int, *, since: int = 0, timeout: float = 60.0,
-                         where=lambda message: True) -> list:
+    async def wait_count(
+        self, topic: str, n: int, *, since: int = 0, timeout: float = 60.0, where=lambda message: True
+    ) -> list:
         """Wait until ``n`` messages on ``topic`` (and satisfying ``where``) arrived at index >= ``since``."""
         async with asyncio.timeout(timeout):
             while True:
@@ -236,4 +289,3 @@ class Home:
 
     async def __aexit__(self, *exc) -> None:
         await self.close()
-

@@ -19,8 +19,17 @@ def tiny_model(seed: int, vocab: int = 32, init: float = 0.5, arch: str = "llama
     from transformers import AutoModelForCausalLM, LlamaConfig, Qwen2Config
 
     kind = {"llama": LlamaConfig, "qwen2": Qwen2Config}[arch]
-    config = kind(vocab_size=vocab, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-                  num_key_value_heads=2, max_position_embeddings=256, initializer_range=init, tie_word_embeddings=False)
+    config = kind(
+        vocab_size=vocab,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        initializer_range=init,
+        tie_word_embeddings=False,
+    )
     torch.manual_seed(seed)
     return AutoModelForCausalLM.from_config(config, dtype=torch.float32).eval()
 
@@ -30,7 +39,6 @@ class ScriptedDraft:
     ``script(position)``. With the target's own greedy tokens at chosen positions and a wrong token elsewhere,
     it makes the verifier accept exactly up to a chosen point, so every branch of verification runs.
     Deterministic, so its q is one-hot (Proposal.q = None), as for any deterministic draft."""
-
 
     def __init__(self, prompt_len: int, script):
         self.prompt_len = prompt_len
@@ -77,6 +85,9 @@ def smollm_with_cheap_draft():
 
 
 def chat_ids(tokenizer, user: str, system: str = "You are a helpful assistant. Answer briefly.") -> list[int]:
-    ids = tokenizer.apply_chat_template([{"role": "system", "content": system}, {"role": "user", "content": user}],
-                                        add_generation_prompt=True, tokenize=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "system", "content": system}, {"role": "user", "content": user}],
+        add_generation_prompt=True,
+        tokenize=True,
+    )
     return list(ids["input_ids"] if hasattr(ids, "keys") else ids)

@@ -37,8 +37,13 @@ class OpenAIServer:
 
     def start(self, timeout: float = 120.0) -> OpenAIServer:
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        self.process = subprocess.Popen([sys.executable, str(Path(__file__).resolve()), self.model, str(self.port)],
-                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), self.model, str(self.port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
         threading.Thread(target=self._collect, args=(self.process,), daemon=True).start()
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -74,8 +79,9 @@ class OpenAIServer:
             if len(found) >= count:
                 return found
             time.sleep(0.05)
-        raise AssertionError(f"the server printed {len(getattr(self, what)())} {what}, expected {count}:\n"
-                             + "".join(self.lines[-20:]))
+        raise AssertionError(
+            f"the server printed {len(getattr(self, what)())} {what}, expected {count}:\n" + "".join(self.lines[-20:])
+        )
 
     def kill(self) -> None:
         """SIGKILL: the server dies mid-whatever, like a crashed GPU box."""

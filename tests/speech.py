@@ -27,7 +27,7 @@ def voiced_bounds(samples: np.ndarray, rate: int = RATE, level: int = 300) -> tu
 def trimmed(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
     """The synthetic utterance without the silence the synthesizer put around it."""
     start, end = voiced_bounds(samples, rate)
-    return samples[int(start * rate):int(end * rate)]
+    return samples[int(start * rate) : int(end * rate)]
 
 
 def espeak(text: str) -> np.ndarray:

@@ -19,11 +19,12 @@ def run_whole(text: str) -> tuple[str, list[ActionRequested]]:
 def run_split(text: str, cuts: list[int]) -> tuple[str, list[ActionRequested]]:
     parser = ActionParser(ALLOWED)
     bounds = [0, *sorted(set(cuts)), len(text)]
-    spoken = "".join(parser.push(text[a:b]) for a, b in zip(bounds, bounds[1:]))
+    spoken = "".join(parser.push(text[a:b]) for a, b in zip(bounds, bounds[1:], strict=False))
     return spoken + parser.flush(), parser.requests
 
 
 # ---- examples -----------------------------------------------------------------------------------------------
+
 
 def test_allowed_actions_after_a_refused_one_still_count_but_nothing_more_is_spoken():
     spoken, requests = run_whole("[ACTION home/door/set OPEN] Door open. [ACTION home/fan/set low] Fan low.")
@@ -38,9 +39,11 @@ def test_allowed_marker_is_removed_and_requested():
 
 
 def test_payload_case_and_quotes_are_normalised_to_the_allow_list_spelling():
-    _, requests = run_whole("[action `home/kitchen/light/set` \"off\"][Action home/fan/set HIGH]")
-    assert requests == [ActionRequested("home/kitchen/light/set", "OFF", True, ""),
-                        ActionRequested("home/fan/set", "high", True, "")]
+    _, requests = run_whole('[action `home/kitchen/light/set` "off"][Action home/fan/set HIGH]')
+    assert requests == [
+        ActionRequested("home/kitchen/light/set", "OFF", True, ""),
+        ActionRequested("home/fan/set", "high", True, ""),
+    ]
 
 
 def test_topic_off_the_list_is_refused_with_a_reason_and_no_false_confirmation_is_spoken():
@@ -85,8 +88,9 @@ def test_empty_marker_is_refused():
     assert not req.allowed and "names no topic" in req.reason
 
 
-@pytest.mark.parametrize("text", ["[1] is a citation", "[ACTIONS are fun]", "[ACT now]", "a [ b", "[[ACTION",
-                                  "[ACTION\nnext line", "[", "]"])
+@pytest.mark.parametrize(
+    "text", ["[1] is a citation", "[ACTIONS are fun]", "[ACT now]", "a [ b", "[[ACTION", "[ACTION\nnext line", "[", "]"]
+)
 def test_brackets_that_are_not_markers_are_spoken_unchanged(text):
     spoken, requests = run_whole(text)
     assert spoken == text and requests == []
@@ -109,13 +113,16 @@ def test_a_held_prefix_at_the_end_is_flushed_as_text():
     assert parser.flush() == "[ACTIO"
 
 
-@pytest.mark.parametrize("allowed, words", [
-    ({"home/+/set": ["ON"]}, "wildcards"),
-    ({"home/a set": ["ON"]}, "without spaces"),
-    ({"home/a/set": []}, "no payloads"),
-    ({"home/a/set": ["O]N"]}, "']'"),
-    ({"home/a/set": [" ON"]}, "surrounding spaces"),
-])
+@pytest.mark.parametrize(
+    "allowed, words",
+    [
+        ({"home/+/set": ["ON"]}, "wildcards"),
+        ({"home/a set": ["ON"]}, "without spaces"),
+        ({"home/a/set": []}, "no payloads"),
+        ({"home/a/set": ["O]N"]}, "']'"),
+        ({"home/a/set": [" ON"]}, "surrounding spaces"),
+    ],
+)
 def test_unusable_allow_lists_are_rejected_with_a_fix(allowed, words):
     with pytest.raises(ValueError, match="fix:") as err:
         check_allowed(allowed)
@@ -125,13 +132,21 @@ def test_unusable_allow_lists_are_rejected_with_a_fix(allowed, words):
 def test_instructions_show_every_allowed_command_as_the_exact_marker():
     text = action_instructions(ALLOWED)
     markers = [line for line in text.splitlines() if line.startswith("[")]
-    assert markers == ["[ACTION home/kitchen/light/set ON]", "[ACTION home/kitchen/light/set OFF]",
-                       "[ACTION home/fan/set low]", "[ACTION home/fan/set high]"]
+    assert markers == [
+        "[ACTION home/kitchen/light/set ON]",
+        "[ACTION home/kitchen/light/set OFF]",
+        "[ACTION home/fan/set low]",
+        "[ACTION home/fan/set high]",
+    ]
     # each line the model is shown parses as the allowed request it stands for, and so does the example
     _, requests = run_whole(text)
     assert [(r.topic, r.payload, r.allowed) for r in requests] == [
-        ("home/kitchen/light/set", "ON", True), ("home/kitchen/light/set", "OFF", True),
-        ("home/fan/set", "low", True), ("home/fan/set", "high", True), ("home/kitchen/light/set", "OFF", True)]
+        ("home/kitchen/light/set", "ON", True),
+        ("home/kitchen/light/set", "OFF", True),
+        ("home/fan/set", "low", True),
+        ("home/fan/set", "high", True),
+        ("home/kitchen/light/set", "OFF", True),
+    ]
 
 
 # ---- properties ---------------------------------------------------------------------------------------------
@@ -162,8 +177,15 @@ def expected_request(topic: str, payload: str) -> tuple[str, str, bool]:
 def reply(draw):
     """A reply made of plain segments without '[' and markers; returns (text, speakable, expected requests).
     The oracle: plain text is spoken, markers are not; after the first refused marker only the apology is."""
-    parts = draw(st.lists(st.one_of(st.text(alphabet=st.sampled_from(list("ab ACTION.,\n]")), max_size=12)
-                                    .map(lambda s: (s, None)), marker()), max_size=8))
+    parts = draw(
+        st.lists(
+            st.one_of(
+                st.text(alphabet=st.sampled_from(list("ab ACTION.,\n]")), max_size=12).map(lambda s: (s, None)),
+                marker(),
+            ),
+            max_size=8,
+        )
+    )
     text = "".join(p[0] for p in parts)
     speakable, requests, muted = "", [], False
     for segment, spec in parts:
@@ -188,8 +210,10 @@ def test_markers_are_removed_and_decoded_whatever_the_split(data, cuts):
 
 
 @settings(max_examples=400, deadline=None)
-@given(text=st.lists(st.one_of(plain, marker().map(lambda m: m[0])), max_size=6).map("".join),
-       cuts=st.lists(st.integers(0, 250), max_size=15))
+@given(
+    text=st.lists(st.one_of(plain, marker().map(lambda m: m[0])), max_size=6).map("".join),
+    cuts=st.lists(st.integers(0, 250), max_size=15),
+)
 def test_any_split_gives_the_same_result_as_one_push(text, cuts):
     assert run_split(text, [c for c in cuts if c <= len(text)]) == run_whole(text)
 
@@ -218,6 +242,6 @@ def test_spoken_text_never_contains_a_whole_marker_and_is_never_ahead_of_the_inp
     spoken += parser.flush()
     lowered = spoken.lower()
     for keyword_at in [i for i in range(len(lowered)) if lowered.startswith("[action", i)]:
-        rest = spoken[keyword_at + len("[action"):]
+        rest = spoken[keyword_at + len("[action") :]
         # whatever follows a spoken "[action" cannot be a marker opening (whitespace other than newline)
         assert not rest or not rest[0].isspace() or rest[0] == "\n"

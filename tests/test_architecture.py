@@ -93,23 +93,29 @@ def test_the_cycle_finder_finds_a_cycle():
 
 
 def test_audio_and_llm_never_import_voice():
-    offenders = {m: sorted(i for i in deps if i.startswith("voice"))
-                 for m, deps in _graph().items() if m.startswith(("audio", "llm"))}
+    offenders = {
+        m: sorted(i for i in deps if i.startswith("voice"))
+        for m, deps in _graph().items()
+        if m.startswith(("audio", "llm"))
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
 def test_the_library_never_imports_the_app_or_the_benchmarks():
     """voice/app (the CLI) and the benchmarks sit on top; nothing in the library reaches up into them."""
     top = ("voice.app", "voice.bench", "llm.bench")
-    offenders = {m: sorted(d for d in deps if d.startswith(top))
-                 for m, deps in _graph().items() if not m.startswith(top)}
+    offenders = {
+        m: sorted(d for d in deps if d.startswith(top)) for m, deps in _graph().items() if not m.startswith(top)
+    }
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
 def test_tests_never_import_benchmark_code():
     known = set(_modules())
-    offenders = {p.name: sorted(i for i in _imports(p, known) if i.startswith(("voice.bench", "llm.bench")))
-                 for p in (ROOT / "tests").rglob("*.py")}
+    offenders = {
+        p.name: sorted(i for i in _imports(p, known) if i.startswith(("voice.bench", "llm.bench")))
+        for p in (ROOT / "tests").rglob("*.py")
+    }
     assert {name: deps for name, deps in offenders.items() if deps} == {}
 
 

@@ -35,6 +35,7 @@ TONE_HZ = 440.0
 
 # ---- G.711 ---------------------------------------------------------------------------------------------------
 
+
 def test_ulaw_matches_audioop_on_every_sample_and_code():
     assert g711.ulaw_encode(ALL_INT16) == audioop.lin2ulaw(ALL_INT16.tobytes(), 2)
     assert g711.ulaw_decode(ALL_CODES).tobytes() == audioop.ulaw2lin(ALL_CODES, 2)
@@ -45,16 +46,17 @@ def test_alaw_matches_audioop_on_every_sample_and_code():
     assert g711.alaw_decode(ALL_CODES).tobytes() == audioop.alaw2lin(ALL_CODES, 2)
 
 
-@pytest.mark.parametrize("encode, decode", [(g711.ulaw_encode, g711.ulaw_decode),
-                                            (g711.alaw_encode, g711.alaw_decode)], ids=["ulaw", "alaw"])
+@pytest.mark.parametrize(
+    "encode, decode", [(g711.ulaw_encode, g711.ulaw_decode), (g711.alaw_encode, g711.alaw_decode)], ids=["ulaw", "alaw"]
+)
 def test_g711_round_trip_keeps_a_tone_at_telephone_quality(encode, decode):
     x = tone(g711.RATE, 1.0)
     data = encode(x)
-    assert isinstance(data, bytes) and len(data) == len(x)       # one byte a sample
+    assert isinstance(data, bytes) and len(data) == len(x)  # one byte a sample
     y = decode(data)
     assert y.dtype == np.int16 and len(y) == len(x)
-    assert decode(encode(y)).tobytes() == y.tobytes()            # decoded values are fixed points
-    assert 33 < snr_db(y, g711.RATE) < 45                         # G.711's ~38 dB for a loud tone
+    assert decode(encode(y)).tobytes() == y.tobytes()  # decoded values are fixed points
+    assert 33 < snr_db(y, g711.RATE) < 45  # G.711's ~38 dB for a loud tone
 
 
 def test_g711_takes_only_int16():
@@ -65,6 +67,7 @@ def test_g711_takes_only_int16():
 
 # ---- the streaming resampler ---------------------------------------------------------------------------------
 
+
 def tone(rate: int, seconds: float, amplitude: float = 0.5) -> np.ndarray:
     t = np.arange(int(rate * seconds)) / rate
     return np.rint(amplitude * 32767 * np.sin(2 * np.pi * TONE_HZ * t)).astype(np.int16)
@@ -74,13 +77,13 @@ def snr_db(x: np.ndarray, rate: int, edge_s: float = 0.05) -> float:
     """Tone power over everything else: the best-fitting 440 Hz sinusoid (any phase, any offset) is the signal,
     the rest (clicks, a phase that slips, quantisation) is noise. The edges are left out: a stream starts and
     ends with its filter's ramp however it is cut."""
-    x = x.astype(np.float64)[int(edge_s * rate):len(x) - int(edge_s * rate)]
+    x = x.astype(np.float64)[int(edge_s * rate) : len(x) - int(edge_s * rate)]
     t = np.arange(len(x)) / rate
     basis = np.stack([np.sin(2 * np.pi * TONE_HZ * t), np.cos(2 * np.pi * TONE_HZ * t), np.ones_like(t)], axis=1)
     coef, *_ = np.linalg.lstsq(basis, x, rcond=None)
     signal = basis[:, :2] @ coef[:2]
     noise = x - basis @ coef
-    return float(10 * np.log10(np.sum(signal ** 2) / np.sum(noise ** 2)))
+    return float(10 * np.log10(np.sum(signal**2) / np.sum(noise**2)))
 
 
 def realtime_chunks(n: int, rate: int, fixed_ms: int | None = None, seed: int = 7) -> list[slice]:
@@ -105,20 +108,27 @@ def streamed(x: np.ndarray, src: int, dst: int, chunks: list[slice]) -> np.ndarr
 
 
 @pytest.mark.parametrize("fixed_ms", [None, 20], ids=["irregular", "20ms"])
-@pytest.mark.parametrize("src, dst, direction", [(24000, 16000, "client -> ears"),
-                                                 (22050, 24000, "piper -> client"),
-                                                 (8000, 16000, "g711 client -> ears"),
-                                                 (16000, 24000, "16 kHz voice -> client")])
+@pytest.mark.parametrize(
+    "src, dst, direction",
+    [
+        (24000, 16000, "client -> ears"),
+        (22050, 24000, "piper -> client"),
+        (8000, 16000, "g711 client -> ears"),
+        (16000, 24000, "16 kHz voice -> client"),
+    ],
+)
 def test_tone_snr_stream_against_fresh_resampler_per_chunk(src, dst, direction, fixed_ms):
     x = tone(src, 5.0)
     chunks = realtime_chunks(len(x), src, fixed_ms)
     old, new = per_chunk(x, src, dst, chunks), streamed(x, src, dst, chunks)
     old_db, new_db = snr_db(old, dst), snr_db(new, dst)
-    print(f"\n440 Hz tone {src} -> {dst} Hz ({direction}), {f'{fixed_ms} ms' if fixed_ms else 'irregular 20-100 ms'} "
-          f"chunks: fresh resample() per chunk {old_db:.1f} dB, one StreamResampler {new_db:.1f} dB")
+    print(
+        f"\n440 Hz tone {src} -> {dst} Hz ({direction}), {f'{fixed_ms} ms' if fixed_ms else 'irregular 20-100 ms'} "
+        f"chunks: fresh resample() per chunk {old_db:.1f} dB, one StreamResampler {new_db:.1f} dB"
+    )
     assert new_db >= 80.0, new_db
-    assert old_db < 50.0, old_db          # what the stream fixes is real
-    assert len(new) == round(len(x) * dst / src)   # no sample lost or made up over 5 s
+    assert old_db < 50.0, old_db  # what the stream fixes is real
+    assert len(new) == round(len(x) * dst / src)  # no sample lost or made up over 5 s
 
 
 def test_stream_equals_resampling_the_whole_signal():
@@ -134,10 +144,10 @@ def test_stream_equals_resampling_the_whole_signal():
 @given(st.lists(st.integers(0, 3000), min_size=1, max_size=30))
 def test_any_chunking_gives_the_same_stream(sizes):
     """Empty, one-sample and odd-sized pushes are all fine: the output depends on the audio, not on the cuts."""
-    x = tone(22050, sum(sizes) / 22050 + 0.01)[:sum(sizes)]
+    x = tone(22050, sum(sizes) / 22050 + 0.01)[: sum(sizes)]
     stream, out, i = StreamResampler(22050, 24000), [], 0
     for k in sizes:
-        out.append(stream.push(x[i:i + k]))
+        out.append(stream.push(x[i : i + k]))
         i += k
     got = np.concatenate(out + [stream.flush()])
     one = StreamResampler(22050, 24000)
@@ -148,13 +158,13 @@ def test_any_chunking_gives_the_same_stream(sizes):
 
 def test_stream_lag_is_small_and_flush_starts_a_new_stream():
     stream = StreamResampler(24000, 16000)
-    for _ in range(50):                       # 1 s in 20 ms appends
+    for _ in range(50):  # 1 s in 20 ms appends
         stream.push(tone(24000, 0.02))
-        assert stream.pending_ms < 40.0       # soxr holds back a little: measured 7-37 ms at HQ
+        assert stream.pending_ms < 40.0  # soxr holds back a little: measured 7-37 ms at HQ
     tail = stream.flush()
     assert len(tail) > 0 and stream.pending_ms == 0.0 and stream.samples_in == 0
     again = np.concatenate([stream.push(tone(24000, 0.5)), stream.flush()])
-    assert len(again) == 8000                 # a fresh stream: no leftovers from the first one
+    assert len(again) == 8000  # a fresh stream: no leftovers from the first one
 
 
 def test_equal_rates_pass_through_and_bad_input_is_refused():

@@ -30,7 +30,7 @@ async def test_wav_source_blocks_cover_the_file_with_contiguous_times(wav16):
     audio = np.concatenate([c.samples for c in chunks])
     np.testing.assert_array_equal(audio[:8000], _ramp(8000))
     assert len(audio) == 8000 + 1600 and not audio[8000:].any()
-    for a, b in zip(chunks, chunks[1:]):
+    for a, b in zip(chunks, chunks[1:], strict=False):
         assert b.t == pytest.approx(a.end_t)
     assert chunks[0].t == pytest.approx(source.start_t)
 

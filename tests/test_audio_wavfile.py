@@ -101,5 +101,5 @@ def test_resample_int16_round_trip_keeps_the_signal():
     back = resample(resample(tone, 16000, 22050), 22050, 16000)
     assert back.dtype == np.int16 and abs(len(back) - len(tone)) <= 1
     n = min(len(back), len(tone))
-    err = back[200:n - 200].astype(float) - tone[200:n - 200].astype(float)
-    assert np.sqrt(np.mean(err ** 2)) < 0.01 * 32767
+    err = back[200 : n - 200].astype(float) - tone[200 : n - 200].astype(float)
+    assert np.sqrt(np.mean(err**2)) < 0.01 * 32767

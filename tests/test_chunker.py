@@ -8,8 +8,10 @@ from hypothesis import strategies as st
 
 from voice.chunker import Chunker
 
-REPLY = ("Sure, the kitchen light is on now. It costs 3.14 dollars, about 1,000 yen. Dr. Smith said e.g. the "
-         "U.S. office opens at 9 a.m. on Monday! Is that right? Yes: it is.")
+REPLY = (
+    "Sure, the kitchen light is on now. It costs 3.14 dollars, about 1,000 yen. Dr. Smith said e.g. the "
+    "U.S. office opens at 9 a.m. on Monday! Is that right? Yes: it is."
+)
 
 
 def run(pieces, **kw):
@@ -72,7 +74,10 @@ def test_long_text_without_punctuation_is_cut_at_the_word_limit():
 
 def test_line_break_ends_a_fragment_and_closing_quotes_stay():
     assert run(['He said "Hello there." and left.\nNext line here']) == [
-        'He said "Hello there."', "and left.", "Next line here"]
+        'He said "Hello there."',
+        "and left.",
+        "Next line here",
+    ]
 
 
 def test_flush_returns_the_rest_and_resets_for_the_next_reply():
@@ -88,9 +93,13 @@ texts = st.lists(alphabet, max_size=80).map("".join)
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=texts, cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20),
-       first=st.integers(min_value=1, max_value=20), max_words=st.integers(min_value=4, max_value=12),
-       first_words=st.integers(min_value=0, max_value=6))
+@given(
+    text=texts,
+    cuts=st.lists(st.integers(min_value=0, max_value=400), max_size=20),
+    first=st.integers(min_value=1, max_value=20),
+    max_words=st.integers(min_value=4, max_value=12),
+    first_words=st.integers(min_value=0, max_value=6),
+)
 def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, first, max_words, first_words):
     pieces = split_at(text, cuts)
     kw = dict(first_fragment_chars=first, max_fragment_words=max_words, first_fragment_words=first_words)
@@ -103,8 +112,7 @@ def test_any_split_gives_the_same_fragments_and_keeps_every_word(text, cuts, fir
 
 
 def test_first_fragment_needs_no_punctuation_when_words_are_enough():
-    got = run(tokens("The capital of France is Paris. It is lovely."), first_fragment_chars=12,
-              first_fragment_words=4)
+    got = run(tokens("The capital of France is Paris. It is lovely."), first_fragment_chars=12, first_fragment_words=4)
     assert got == ["The capital of France", "is Paris. It is lovely."]  # a short sentence joins the next
 
 
@@ -114,9 +122,11 @@ def test_word_cut_of_the_first_fragment_never_follows_a_number():
 
 
 @settings(max_examples=300, deadline=None)
-@given(text=st.lists(st.sampled_from(list("ab ") + [".", ",", ")", "\n", "e.g."]), max_size=120).map("".join),
-       cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=30),
-       max_chars=st.integers(min_value=14, max_value=40))
+@given(
+    text=st.lists(st.sampled_from(list("ab ") + [".", ",", ")", "\n", "e.g."]), max_size=120).map("".join),
+    cuts=st.lists(st.integers(min_value=0, max_value=500), max_size=30),
+    max_chars=st.integers(min_value=14, max_value=40),
+)
 def test_character_cap_holds_however_the_text_is_split(text, cuts, max_chars):
     """A client may send text without spaces, one character at a time: fragments stay under the cap (piper's
     memory grows with its input) and the same, and no character is lost or duplicated."""

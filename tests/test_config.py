@@ -85,8 +85,14 @@ def test_bad_env_override_is_named():
 def cli(*args, env=None):
     import os
 
-    return subprocess.run([sys.executable, "-m", "voice.app.cli", *args], capture_output=True, text=True, cwd=ROOT,
-                          env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})}, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "voice.app.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", **(env or {})},
+        timeout=120,
+    )
 
 
 def test_cli_config_check_reports_missing_model(tmp_path):
@@ -121,11 +127,14 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
     assert "question.wav" in result.stderr and "Traceback" not in result.stderr
 
 
-@pytest.mark.parametrize("text, key", [
-    ("[llm]\ntree_width = 0\n", "llm.tree_width"),
-    ('[llm]\ntree = "sometimes"\n', "llm.tree"),
-    ('[dialog]\nearly_reply = "maybe"\n', "dialog.early_reply"),
-])
+@pytest.mark.parametrize(
+    "text, key",
+    [
+        ("[llm]\ntree_width = 0\n", "llm.tree_width"),
+        ('[llm]\ntree = "sometimes"\n', "llm.tree"),
+        ('[dialog]\nearly_reply = "maybe"\n', "dialog.early_reply"),
+    ],
+)
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text), environ={})

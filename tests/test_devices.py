@@ -19,10 +19,11 @@ from audio.devices import DeviceError, find_device, list_devices
 from audio.resample import resample
 from audio.sinks import SpeakerSink
 from audio.sources import MicSource
-from speech import wer
 from voice.models import resolve
 from voice.stt import SpeechToText
 from voice.tts import TextToSpeech
+
+from speech import wer
 
 LATENCY = 0.25  # device buffering: enough for a busy shared 2-core test machine (load 8) not to underflow
 CLOCKS = 0.15  # how closely the capture and playback streams' timestamps agree through PulseAudio
@@ -35,9 +36,19 @@ def pulse(tmp_path_factory):
     env = {"PULSE_RUNTIME_PATH": str(run), "PULSE_STATE_PATH": str(run), "PULSE_SERVER": f"unix:{socket}"}
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
-    subprocess.run(["pulseaudio", "--daemonize=yes", "--exit-idle-time=-1", "-n",
-                    "--load=module-null-sink sink_name=spk", f"--load=module-native-protocol-unix socket={socket}",
-                    "--load=module-always-sink"], check=True, capture_output=True)
+    subprocess.run(
+        [
+            "pulseaudio",
+            "--daemonize=yes",
+            "--exit-idle-time=-1",
+            "-n",
+            "--load=module-null-sink sink_name=spk",
+            f"--load=module-native-protocol-unix socket={socket}",
+            "--load=module-always-sink",
+        ],
+        check=True,
+        capture_output=True,
+    )
     for _ in range(50):
         if subprocess.run(["pactl", "info"], capture_output=True).returncode == 0:
             break

@@ -26,12 +26,15 @@ LEAD_S = 0.5  # silence before the playback starts
 USER_AT_S = 5.0  # where the user's speech is placed (mid-playback)
 NOISE_DBFS = -65.0  # the room's background noise
 ONSET_BOUND_S = 0.15  # the VAD's speech_start must fall within this of the user's acoustic onset
-PLAYBACK_TEXT = ("Sure. The weather tomorrow looks mild, with a light breeze in the morning and some sunshine "
-                 "in the afternoon. You might want a jacket in the evening, because it will get cooler after sunset.")
+PLAYBACK_TEXT = (
+    "Sure. The weather tomorrow looks mild, with a light breeze in the morning and some sunshine "
+    "in the afternoon. You might want a jacket in the evening, because it will get cooler after sunset."
+)
 USER_TEXT = "Stop, wait a moment please. What about Saturday?"
 
 
 # ---- real speech ------------------------------------------------------------------------------------------
+
 
 @pytest.fixture(scope="module")
 def playback() -> np.ndarray:
@@ -54,8 +57,11 @@ def playback() -> np.ndarray:
 def user(tmp_path_factory) -> np.ndarray:
     """The user: espeak-ng, a female voice with a higher pitch (a different speaker from the playback)."""
     path = tmp_path_factory.mktemp("speech") / "user.wav"
-    subprocess.run(["espeak-ng", "-v", "en-us+f3", "-p", "70", "-s", "160", "-w", str(path), USER_TEXT],
-                   check=True, capture_output=True)
+    subprocess.run(
+        ["espeak-ng", "-v", "en-us+f3", "-p", "70", "-s", "160", "-w", str(path), USER_TEXT],
+        check=True,
+        capture_output=True,
+    )
     samples, _ = read_wav(path, RATE, convert=True)
     return samples
 
@@ -67,8 +73,8 @@ def room(signal: np.ndarray, delay_ms: float, gain: float, seed: int) -> np.ndar
     d, n = int(delay_ms * RATE / 1000), int(0.04 * RATE)
     h = np.zeros(d + n)
     h[d] = 1.0
-    h[d + 1:] = 0.3 * rng.standard_normal(n - 1) * np.exp(-np.arange(1, n) / (0.008 * RATE))
-    h *= gain / np.sqrt((h ** 2).sum())
+    h[d + 1 :] = 0.3 * rng.standard_normal(n - 1) * np.exp(-np.arange(1, n) / (0.008 * RATE))
+    h *= gain / np.sqrt((h**2).sum())
     return np.convolve(signal.astype(np.float64), h)[: len(signal)]
 
 
@@ -84,14 +90,14 @@ def place(speech: np.ndarray, n: int, at_s: float) -> np.ndarray:
     out = np.zeros(n)
     start = int(at_s * RATE)
     m = min(len(speech), n - start)
-    out[start:start + m] = speech[:m]
+    out[start : start + m] = speech[:m]
     return out
 
 
 def acoustic_onset(speech: np.ndarray, at_s: float) -> float:
     """First 10 ms frame louder than 1 % of the loudest frame's RMS (-40 dB), in stream seconds."""
     frames = speech[: len(speech) // 160 * 160].astype(np.float64).reshape(-1, 160)
-    rms = np.sqrt((frames ** 2).mean(axis=1))
+    rms = np.sqrt((frames**2).mean(axis=1))
     return at_s + int(np.argmax(rms > 0.01 * rms.max())) * 0.01
 
 
@@ -105,11 +111,17 @@ def erle(mic: np.ndarray, out: np.ndarray) -> float:
 
 def vad_starts(samples: np.ndarray, chunk: int = BLOCK, delay_s: float = 0.0) -> list[float]:
     """speech_start times reported by the real silero VAD over a stream (times corrected by ``delay_s``)."""
-    vad = Vad(resolve("silero-vad", "vad").path, engine="silero", threshold=0.5, min_speech_ms=200,
-              end_silence_ms=500, preroll_ms=300)
+    vad = Vad(
+        resolve("silero-vad", "vad").path,
+        engine="silero",
+        threshold=0.5,
+        min_speech_ms=200,
+        end_silence_ms=500,
+        preroll_ms=300,
+    )
     starts = []
     for i in range(0, len(samples), chunk):
-        for event in vad.process(AudioChunk(samples[i:i + chunk], RATE, i / RATE - delay_s)):
+        for event in vad.process(AudioChunk(samples[i : i + chunk], RATE, i / RATE - delay_s)):
             if event.kind == "speech_start":
                 starts.append(event.t)
     return starts
@@ -119,12 +131,18 @@ def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> t
     """Push the streams in ``chunk``-sample pieces (not the block size, as a network client would); returns the
     output, the VAD's speech_start events with the gate's opinion at that moment, and the suppressor."""
     sup = EchoSuppressor(RATE, mode=mode)
-    vad = Vad(resolve("silero-vad", "vad").path, engine="silero", threshold=0.5, min_speech_ms=200,
-              end_silence_ms=500, preroll_ms=300)
+    vad = Vad(
+        resolve("silero-vad", "vad").path,
+        engine="silero",
+        threshold=0.5,
+        min_speech_ms=200,
+        end_silence_ms=500,
+        preroll_ms=300,
+    )
     outs, starts = [], []
     for i in range(0, len(mic), chunk):
-        out = sup.process(mic[i:i + chunk], ref[i:i + chunk])
-        assert len(out) == len(mic[i:i + chunk])
+        out = sup.process(mic[i : i + chunk], ref[i : i + chunk])
+        assert len(out) == len(mic[i : i + chunk])
         outs.append(out)
         for event in vad.process(AudioChunk(out, RATE, i / RATE - sup.delay_samples / RATE)):
             if event.kind == "speech_start":
@@ -134,12 +152,13 @@ def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> t
 
 # ---- (1) ERLE -----------------------------------------------------------------------------------------------
 
+
 def cancel_stream(canceller: EchoCanceller, mic: np.ndarray, ref: np.ndarray) -> tuple[np.ndarray, float]:
     """Run the block API over a stream; returns the output (delay removed) and the CPU ms per block."""
     out = np.empty_like(mic)
     cpu = time.process_time()
     for i in range(0, len(mic), BLOCK):
-        out[i:i + BLOCK] = canceller.process(mic[i:i + BLOCK], ref[i:i + BLOCK])
+        out[i : i + BLOCK] = canceller.process(mic[i : i + BLOCK], ref[i : i + BLOCK])
     per_block_ms = (time.process_time() - cpu) / (len(mic) // BLOCK) * 1000
     d = canceller.delay_samples
     return np.concatenate([out[d:], np.zeros(d, np.int16)]), per_block_ms
@@ -155,12 +174,14 @@ def test_canceller_erle_on_echo_only(playback, delay_ms, gain):
     w = slice(int(5.5 * RATE), len(mic) - BLOCK)  # after 5 s of playback
     # the linear stage is linear: its output minus the room noise is exactly the echo it left behind
     left = linear[w].astype(np.float64) - (mic[w] - echo[w])
-    linear_db = 10 * np.log10(np.sum(echo[w] ** 2) / np.sum(left ** 2))
+    linear_db = 10 * np.log10(np.sum(echo[w] ** 2) / np.sum(left**2))
     total_db = erle(mic[w], out[w])  # mic (echo + noise) over what reaches the VAD
     out_dbfs = 20 * np.log10(rms(out[w]) / 32768)
-    print(f"echo room delay={delay_ms}ms gain={gain}: after 5 s of playback: linear ERLE {linear_db:.1f} dB "
-          f"(erle_db at the end {canceller.erle_db:.1f} dB, noise included), mic/output {total_db:.1f} dB, output "
-          f"{out_dbfs:.1f} dBFS (noise {NOISE_DBFS:.0f}); CPU {per_block_ms:.3f} ms per {BLOCK}-sample block")
+    print(
+        f"echo room delay={delay_ms}ms gain={gain}: after 5 s of playback: linear ERLE {linear_db:.1f} dB "
+        f"(erle_db at the end {canceller.erle_db:.1f} dB, noise included), mic/output {total_db:.1f} dB, output "
+        f"{out_dbfs:.1f} dBFS (noise {NOISE_DBFS:.0f}); CPU {per_block_ms:.3f} ms per {BLOCK}-sample block"
+    )
     assert linear_db >= 20.0
     # what reaches the VAD: 30 dB quieter, or (for a faint echo, where the room noise caps the ratio) no louder
     # than the room's own noise floor
@@ -168,6 +189,7 @@ def test_canceller_erle_on_echo_only(playback, delay_ms, gain):
 
 
 # ---- (2) the real VAD: the problem is real, the fix works, double talk still gets through ---------------------
+
 
 def test_raw_echo_triggers_the_vad(playback):
     """Without suppression the assistant interrupts itself: the VAD hears our own voice as speech."""
@@ -188,13 +210,15 @@ def test_cancel_mode_user_talking_over_playback_is_heard(playback, user):
     n = len(playback)
     echo = room(playback, 80, 0.6, seed=80)
     speech = place(user, n, USER_AT_S)
-    speech *= rms(echo[int(LEAD_S * RATE):]) / rms(user)
+    speech *= rms(echo[int(LEAD_S * RATE) :]) / rms(user)
     mic = to_int16(echo + speech + noise(n, seed=4))
     onset = acoustic_onset(user, USER_AT_S)
     alone = vad_starts(to_int16(speech + noise(n, seed=4)))
     _, starts, sup = run_suppressor("cancel", mic, playback, chunk=480)
-    print(f"double talk: acoustic onset {onset:.3f} s, VAD on the user alone {alone}, "
-          f"VAD after cancelling {[(round(t, 3), ok) for t, ok in starts]}")
+    print(
+        f"double talk: acoustic onset {onset:.3f} s, VAD on the user alone {alone}, "
+        f"VAD after cancelling {[(round(t, 3), ok) for t, ok in starts]}"
+    )
     assert len(starts) == 1, starts
     t, likely = starts[0]
     assert abs(t - onset) <= ONSET_BOUND_S
@@ -205,6 +229,7 @@ def test_cancel_mode_user_talking_over_playback_is_heard(playback, user):
 
 # ---- (3) gate mode alone --------------------------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("delay_ms,gain", [(30, 0.8), (120, 0.3), (80, 0.6)])
 def test_gate_mode_never_triggers_on_echo_only(playback, delay_ms, gain):
     mic = to_int16(room(playback, delay_ms, gain, seed=delay_ms) + noise(len(playback), seed=5))
@@ -212,9 +237,11 @@ def test_gate_mode_never_triggers_on_echo_only(playback, delay_ms, gain):
     assert starts == []
     # and the gate itself: while our voice plays, it calls (nearly) every block "explained by the playback"
     gate = PlaybackGate(RATE, BLOCK)
-    playing = [i for i in range(0, len(mic), BLOCK) if rms(playback[i:i + BLOCK]) > 30]
-    verdicts = {i: gate.update(mic[i:i + BLOCK], playback[i:i + BLOCK], mic[i:i + BLOCK])
-                for i in range(0, len(mic), BLOCK)}
+    playing = [i for i in range(0, len(mic), BLOCK) if rms(playback[i : i + BLOCK]) > 30]
+    verdicts = {
+        i: gate.update(mic[i : i + BLOCK], playback[i : i + BLOCK], mic[i : i + BLOCK])
+        for i in range(0, len(mic), BLOCK)
+    }
     false_opens = np.mean([verdicts[i] for i in playing])
     print(f"gate room delay={delay_ms}ms gain={gain}: user-speech verdicts on echo-only {false_opens:.3f}")
     assert false_opens <= 0.02
@@ -224,7 +251,7 @@ def test_gate_mode_lets_a_louder_user_through(playback, user):
     """Half duplex has a price: the user must stand out from the echo. 6 dB louder than the echo, they do."""
     n = len(playback)
     echo = room(playback, 80, 0.6, seed=80)
-    speech = place(user, n, USER_AT_S) * 2 * rms(echo[int(LEAD_S * RATE):]) / rms(user)
+    speech = place(user, n, USER_AT_S) * 2 * rms(echo[int(LEAD_S * RATE) :]) / rms(user)
     mic = to_int16(echo + speech + noise(n, seed=6))
     onset = acoustic_onset(user, USER_AT_S)
     _, starts, _ = run_suppressor("gate", mic, playback, chunk=320)
@@ -235,26 +262,35 @@ def test_gate_mode_lets_a_louder_user_through(playback, user):
 
 # ---- (4) the echo path changes mid-stream ----------------------------------------------------------------------
 
+
 @pytest.mark.parametrize("before_ms,after_ms", [(40, 110), (110, 40)])
 def test_canceller_reconverges_after_the_delay_jumps(playback, before_ms, after_ms):
     """The reply is played twice; between the two the echo delay jumps (the speaker was moved, or the device
     latency changed). The change is noticed, our voice never counts as a barge-in, and ERLE recovers."""
     ref = np.concatenate([playback, playback])
     jump = len(playback)
-    echo = np.concatenate([room(ref, before_ms, 0.6, seed=before_ms)[:jump],
-                           room(ref, after_ms, 0.6, seed=after_ms)[jump:]])
+    echo = np.concatenate(
+        [room(ref, before_ms, 0.6, seed=before_ms)[:jump], room(ref, after_ms, 0.6, seed=after_ms)[jump:]]
+    )
     mic = to_int16(echo + noise(len(ref), seed=7))
     linear, _ = cancel_stream(EchoCanceller(RATE, BLOCK, suppress=False), mic, ref)
     out, starts, sup = run_suppressor("cancel", mic, ref, chunk=480)
-    out = out[sup.delay_samples:]
+    out = out[sup.delay_samples :]
     resumed = jump + int(LEAD_S * RATE)  # the second playback starts speaking here
-    windows = {"before": slice(jump - 4 * RATE, jump), "first second after": slice(resumed, resumed + RATE),
-               "last 4 s": slice(len(mic) - 4 * RATE, len(out))}
+    windows = {
+        "before": slice(jump - 4 * RATE, jump),
+        "first second after": slice(resumed, resumed + RATE),
+        "last 4 s": slice(len(mic) - 4 * RATE, len(out)),
+    }
     lin = {k: erle(mic[w], linear[w]) for k, w in windows.items()}
     total = {k: erle(mic[w], out[w]) for k, w in windows.items()}
-    print(f"path change {before_ms} -> {after_ms} ms: linear ERLE "
-          + ", ".join(f"{k} {v:.1f} dB" for k, v in lin.items()) + "; output ERLE " + ", ".join(f"{k} {v:.1f} dB" for k, v in total.items())
-          + f"; changes detected {sup.canceller.path_changes}, foreground updates {sup.canceller.copies}, VAD {starts}")
+    print(
+        f"path change {before_ms} -> {after_ms} ms: linear ERLE "
+        + ", ".join(f"{k} {v:.1f} dB" for k, v in lin.items())
+        + "; output ERLE "
+        + ", ".join(f"{k} {v:.1f} dB" for k, v in total.items())
+        + f"; changes detected {sup.canceller.path_changes}, foreground updates {sup.canceller.copies}, VAD {starts}"
+    )
     assert lin["before"] >= 20.0
     assert lin["first second after"] < 10.0  # the jump really broke the old filter
     assert sup.canceller.path_changes >= 1
@@ -266,14 +302,15 @@ def test_canceller_reconverges_after_the_delay_jumps(playback, before_ms, after_
 
 # ---- transparency and bad input ------------------------------------------------------------------------------------
 
+
 def test_transparent_when_nothing_plays(user):
     """With no playback the user comes out as they went in, only delayed by ``delay_samples``."""
     mic = to_int16(np.concatenate([user.astype(np.float64), np.zeros(2 * BLOCK)]) + noise(len(user) + 2 * BLOCK, 8))
     for mode in ("off", "gate", "cancel"):
         sup = EchoSuppressor(RATE, mode=mode)
-        out = np.concatenate([sup.process(mic[i:i + 500], None) for i in range(0, len(mic), 500)])
+        out = np.concatenate([sup.process(mic[i : i + 500], None) for i in range(0, len(mic), 500)])
         d = sup.delay_samples
-        assert np.abs(out[d:].astype(int) - mic[:len(mic) - d].astype(int)).max() <= 1, mode
+        assert np.abs(out[d:].astype(int) - mic[: len(mic) - d].astype(int)).max() <= 1, mode
         assert sup.user_speech_likely()
 
 

@@ -15,8 +15,17 @@ def trace(marks: dict[str, float], **extra) -> LatencyTrace:
     return t
 
 
-VOICE = {"speech_start": 10.0, "speech_end": 12.0, "endpoint": 12.5, "stt_final": 12.7, "llm_first_token": 13.1,
-         "first_fragment": 13.6, "tts_first_audio": 13.75, "playback_start": 13.76, "turn_end": 16.0}
+VOICE = {
+    "speech_start": 10.0,
+    "speech_end": 12.0,
+    "endpoint": 12.5,
+    "stt_final": 12.7,
+    "llm_first_token": 13.1,
+    "first_fragment": 13.6,
+    "tts_first_audio": 13.75,
+    "playback_start": 13.76,
+    "turn_end": 16.0,
+}
 
 
 def test_stages_are_differences_of_marks_and_budgets_flag_the_slow_ones():

@@ -16,20 +16,32 @@ pytestmark = pytest.mark.big
 
 
 def pair() -> tuple[str, str]:
-    return (str(resolve("qwen2.5-coder-1.5b-instruct", "llm").path), str(resolve("qwen2.5-coder-0.5b-instruct",
-                                                                                   "llm").path))
+    return (
+        str(resolve("qwen2.5-coder-1.5b-instruct", "llm").path),
+        str(resolve("qwen2.5-coder-0.5b-instruct", "llm").path),
+    )
 
 
 def test_qwen_pair_fp32_int4_counted_head_draft_is_token_identical_to_the_target():
     target, draft = pair()
-    engine = Engine.load(target, draft, dtype="float32", mode="draft", draft_quantize="int4", draft_vocab=32768,
-                         threads=1, context_limit=2048)
+    engine = Engine.load(
+        target,
+        draft,
+        dtype="float32",
+        mode="draft",
+        draft_quantize="int4",
+        draft_vocab=32768,
+        threads=1,
+        context_limit=2048,
+    )
     assert engine.info["draft_layers"] == {"int4": 169}
     for text in ("How do I boil an egg?", "Why do cats like boxes?"):
         prompt = chat_prompt(engine.tokenizer, text, "You are a helpful voice assistant. Answer in one short sentence.")
         reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=20))
-        for settings in (DecodeSettings(mode="draft", draft_length=3, max_new_tokens=20),
-                         DecodeSettings(mode="draft", draft_length="confidence", max_new_tokens=20)):
+        for settings in (
+            DecodeSettings(mode="draft", draft_length=3, max_new_tokens=20),
+            DecodeSettings(mode="draft", draft_length="confidence", max_new_tokens=20),
+        ):
             tokens, stats = engine.decode(prompt, settings)
             assert tokens == reference
             assert stats.accepted > 0 and stats.target_calls < len(tokens)  # the draft really saved target passes
@@ -46,6 +58,6 @@ def test_shipped_pair_acceptance_floor():
         prompt = chat_prompt(engine.tokenizer, text, SYSTEM)
         _, stats = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=3, max_new_tokens=32))
         accepted += stats.accepted
-        rejections += sum(1 for d, a in zip(stats.draft_lengths, stats.accepted_lengths) if a < d)
+        rejections += sum(1 for d, a in zip(stats.draft_lengths, stats.accepted_lengths, strict=False) if a < d)
     alpha = accepted / (accepted + rejections)
     assert alpha >= 0.7, f"acceptance fell to {alpha:.3f}"

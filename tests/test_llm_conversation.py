@@ -9,9 +9,10 @@ import asyncio
 import copy
 
 import pytest
-from conftest_llm import smollm_engine
 
 from llm.engine import DecodeSettings
+
+from conftest_llm import smollm_engine
 
 SYSTEM = "You are a helpful assistant. Answer briefly."
 NGRAM = DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=24, prefill_chunk=16)
@@ -102,8 +103,18 @@ def test_chunked_prefill_gives_the_same_tokens_and_steps_commit_nothing_until_th
 
 async def test_block_trimming_keeps_the_prompt_cache_and_the_output_exact(engine):
     conv = engine.conversation(SYSTEM, history_tokens=200)
-    prompts = ["Name a fruit.", "Name a city.", "Name an animal.", "Name a colour.", "Name a tree.",
-               "Name a river.", "Name a planet.", "Name a flower.", "Name a sport.", "Name a tool."]
+    prompts = [
+        "Name a fruit.",
+        "Name a city.",
+        "Name an animal.",
+        "Name a colour.",
+        "Name a tree.",
+        "Name a river.",
+        "Name a planet.",
+        "Name a flower.",
+        "Name a sport.",
+        "Name a tool.",
+    ]
     prefill, trimmed_turns = [], []
     for text in prompts:
         trims = conv.trims
@@ -116,10 +127,12 @@ async def test_block_trimming_keeps_the_prompt_cache_and_the_output_exact(engine
             assert len(conv.prompt_ids(conv.messages[:-1])) <= 100
             assert len(conv.messages) < len(messages_before)
         # whatever was trimmed, the reply is the target alone's on exactly the kept history
-        assert got == engine.tokenizer.decode(target_alone(engine, conv.messages[:-1], TARGET.but(max_new_tokens=16)),
-                                              skip_special_tokens=True)
+        assert got == engine.tokenizer.decode(
+            target_alone(engine, conv.messages[:-1], TARGET.but(max_new_tokens=16)), skip_special_tokens=True
+        )
     assert 1 <= sum(trimmed_turns) <= 4
-    after_trim = [p for p, t, prev in zip(prefill[1:], trimmed_turns[1:], trimmed_turns) if not t and not prev]
+    pairs = zip(prefill[1:], trimmed_turns[1:], trimmed_turns, strict=False)
+    after_trim = [p for p, t, prev in pairs if not t and not prev]
     assert after_trim and max(after_trim) < 40  # untrimmed turns prefill only their new words: the cache survived
 
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 
 from llm.cache import CachedLM, common_prefix
 from llm.engine import DecodeSettings, Engine
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer
 from llm.speculative import Generation, SamplingParams, verify
+
+from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 
 GREEDY = SamplingParams()
 
@@ -44,11 +45,17 @@ def test_forced_partial_acceptance_tiny(pattern):
     target = tiny_model(seed=1)
     prompt, n, k = [3, 1, 4, 1, 5], 24, 3
     reference = run(target, None, prompt, n).new_tokens  # the target alone (no proposer: one token per pass)
-    right = {"all": lambda j: True, "none": lambda j: False, "alternate": lambda j: j % 2 == 0,
-             "every_third_wrong": lambda j: j % 3 != 2, "late": lambda j: j >= 12}[pattern]
+    right = {
+        "all": lambda j: True,
+        "none": lambda j: False,
+        "alternate": lambda j: j % 2 == 0,
+        "every_third_wrong": lambda j: j % 3 != 2,
+        "late": lambda j: j >= 12,
+    }[pattern]
     vocab = target.config.vocab_size
-    draft = ScriptedDraft(len(prompt), lambda j: reference[j] if j < n and right(j) else (
-        (reference[j] + 1) % vocab if j < n else 0))
+    draft = ScriptedDraft(
+        len(prompt), lambda j: reference[j] if j < n and right(j) else ((reference[j] + 1) % vocab if j < n else 0)
+    )
     gen = run(target, draft, prompt, n, k=k, check_cache=True)
     assert gen.new_tokens == reference
 
@@ -78,7 +85,9 @@ def test_tiny_draft_models_give_target_output():
         assert all(r.accepted == r.drafted for r in same.records)
     qwen_like = tiny_model(seed=3, arch="qwen2")
     ref_q = run(qwen_like, None, prompt, 20).new_tokens
-    assert run(qwen_like, DraftModelProposer(CachedLM(tiny_model(seed=4, arch="qwen2"))), prompt, 20).new_tokens == ref_q
+    assert (
+        run(qwen_like, DraftModelProposer(CachedLM(tiny_model(seed=4, arch="qwen2"))), prompt, 20).new_tokens == ref_q
+    )
 
 
 def test_stop_token_and_length_limit_end_like_the_target():
@@ -117,19 +126,27 @@ def test_cache_reuse_and_rollback_across_replies():
 
 
 def smollm_prompts(tok):
-    return [chat_ids(tok, "What is the capital of France?"),
-            chat_ids(tok, "Give me three tips to sleep better. Tips to sleep better are useful.")]
+    return [
+        chat_ids(tok, "What is the capital of France?"),
+        chat_ids(tok, "Give me three tips to sleep better. Tips to sleep better are useful."),
+    ]
 
 
 def test_smollm2_fp32_every_mode_matches_the_target_alone():
     model, tok = smollm_fp32()
     engine = Engine(model, tok, model, mode="draft")  # SmolLM2 as its own draft: everything accepted
     for prompt in smollm_prompts(tok):
-        reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                                   max_new_tokens=24, do_sample=False)[0, len(prompt):].tolist()
-        for settings in (DecodeSettings(mode="target", max_new_tokens=24),
-                         DecodeSettings(mode="ngram", draft_length=4, max_new_tokens=24),
-                         DecodeSettings(mode="draft", draft_length=3, max_new_tokens=24)):
+        reference = model.generate(
+            torch.tensor([prompt]),
+            attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+            max_new_tokens=24,
+            do_sample=False,
+        )[0, len(prompt) :].tolist()
+        for settings in (
+            DecodeSettings(mode="target", max_new_tokens=24),
+            DecodeSettings(mode="ngram", draft_length=4, max_new_tokens=24),
+            DecodeSettings(mode="draft", draft_length=3, max_new_tokens=24),
+        ):
             tokens, stats = engine.decode(prompt, settings)
             assert tokens == reference, settings.mode
         assert stats.accepted == stats.drafted > 0

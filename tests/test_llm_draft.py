@@ -7,8 +7,6 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
-from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
-
 from llm.cache import CachedLM
 from llm.engine import DecodeSettings, Engine
 from llm.models import reduce_vocab_head
@@ -16,6 +14,8 @@ from llm.policy import DraftLengthPolicy
 from llm.quant import Int4Linear, quantize_weights
 from llm.speculative import Generation, SamplingParams
 from llm.vocab import head_ids
+
+from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
 
 PROMPTS = ["What is the capital of France?", "Give me three tips to sleep better.", "Tell me about the moon."]
 
@@ -42,10 +42,11 @@ def test_fp32_target_with_an_int4_counted_head_draft_is_token_identical():
     for text in PROMPTS:
         prompt = chat_ids(engine.tokenizer, text)
         reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=32))
-        for settings in (DecodeSettings(mode="draft", draft_length=3, max_new_tokens=32),
-                         DecodeSettings(mode="draft", draft_length="confidence", max_draft_length=8,
-                                        max_new_tokens=32),
-                         DecodeSettings(mode="draft", draft_length=2, tree=True, max_new_tokens=32)):
+        for settings in (
+            DecodeSettings(mode="draft", draft_length=3, max_new_tokens=32),
+            DecodeSettings(mode="draft", draft_length="confidence", max_draft_length=8, max_new_tokens=32),
+            DecodeSettings(mode="draft", draft_length=2, tree=True, max_new_tokens=32),
+        ):
             tokens, stats = engine.decode(prompt, settings)
             assert tokens == reference, (text, settings.draft_length)
             drafted += stats.drafted
@@ -109,8 +110,9 @@ def test_confidence_stop_drafts_long_on_easy_stretches_and_stays_exact():
 def test_confidence_stop_sampling_is_reproducible_with_a_seed():
     engine = int4_engine()
     prompt = chat_ids(engine.tokenizer, PROMPTS[2])
-    settings = DecodeSettings(mode="draft", draft_length="confidence", temperature=0.8, top_p=0.9, seed=11,
-                              max_new_tokens=24)
+    settings = DecodeSettings(
+        mode="draft", draft_length="confidence", temperature=0.8, top_p=0.9, seed=11, max_new_tokens=24
+    )
     first, _ = engine.decode(prompt, settings)
     again, _ = engine.decode(prompt, settings)
     assert first == again and len(first) > 0

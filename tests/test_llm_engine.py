@@ -7,11 +7,12 @@ import asyncio
 import copy
 
 import pytest
-from conftest_llm import smollm_engine, smollm_fp32
 
 from llm.engine import ContextLimitError, DecodeSettings, Engine
 from llm.models import IncompatibleDraftError, ModelLoadError, load_causal_lm
 from voice.models import resolve
+
+from conftest_llm import smollm_engine, smollm_fp32
 
 SYSTEM = "You are a helpful assistant. Answer briefly."
 SETTINGS = DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=20)
@@ -94,8 +95,9 @@ async def test_forget_last_turn_undoes_a_reply_as_if_it_never_ran(engine):
     # the forgotten reply's tokens are still in the caches; the next turn must not see them
     fresh = engine.conversation(SYSTEM)
     await collect(fresh, "Hello!")
-    assert "".join(e.text for e in await collect(conv, "Name a colour.")) == \
-        "".join(e.text for e in await collect(fresh, "Name a colour."))
+    assert "".join(e.text for e in await collect(conv, "Name a colour.")) == "".join(
+        e.text for e in await collect(fresh, "Name a colour.")
+    )
 
 
 async def test_event_loop_keeps_running_while_the_model_computes(engine):
@@ -111,7 +113,7 @@ async def test_event_loop_keeps_running_while_the_model_computes(engine):
 
     task = asyncio.create_task(ticker())
     seen = []
-    async for e in conv.reply("Tell me about the sea."):
+    async for _ in conv.reply("Tell me about the sea."):
         seen.append(ticks)
     stop.set()
     await task
@@ -232,13 +234,14 @@ def test_incompatible_draft_is_refused_at_load():
 async def test_first_token_comes_from_the_target_before_the_draft_runs():
     """First-token priority: when the first piece is emitted, the draft has not yet seen the new turn."""
     model, tok = smollm_fp32()
-    engine = Engine(model, tok, model, mode="draft", settings=DecodeSettings(mode="draft", draft_length=2,
-                                                                              max_new_tokens=12))
+    engine = Engine(
+        model, tok, model, mode="draft", settings=DecodeSettings(mode="draft", draft_length=2, max_new_tokens=12)
+    )
     conv = engine.conversation(SYSTEM)
     await collect(conv, "Name a fruit.", engine.settings)
     draft_before = conv.cached_tokens[1]
     seen = []
-    async for e in conv.reply("Name a colour.", engine.settings):
+    async for _ in conv.reply("Name a colour.", engine.settings):
         seen.append(conv.cached_tokens)
     assert seen[0][1] <= draft_before  # the draft's cache did not grow before the first emission
     assert seen[0][0] > draft_before  # while the target had already prefilled the new turn
@@ -247,8 +250,9 @@ async def test_first_token_comes_from_the_target_before_the_draft_runs():
 
 
 def test_settings_from_config_and_the_tree_flag():
-    settings = DecodeSettings.from_config({"mode": "ngram", "draft_length": 4, "max_new_tokens": 8, "device": "cpu",
-                                           "tree": False})
+    settings = DecodeSettings.from_config(
+        {"mode": "ngram", "draft_length": 4, "max_new_tokens": 8, "device": "cpu", "tree": False}
+    )
     assert (settings.mode, settings.draft_length, settings.max_new_tokens) == ("ngram", 4, 8)
     tree = DecodeSettings.from_config({"tree": True, "tree_width": 3})
     assert (tree.tree, tree.tree_width, tree.width) == (True, 3, 3)

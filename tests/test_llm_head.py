@@ -9,7 +9,6 @@ from collections import Counter
 
 import pytest
 import torch
-from conftest_llm import chat_ids, smollm_fp32
 
 from llm.engine import DecodeSettings, Engine
 from llm.models import IncompatibleDraftError
@@ -26,6 +25,8 @@ from llm.vocab import (
     save_counts,
 )
 
+from conftest_llm import chat_ids, smollm_fp32
+
 
 def with_head_rows(model, rows: int, pad_value: float = 0.0):
     """A copy of model whose output head has ``rows`` rows: real rows kept, extra padding rows filled with
@@ -33,7 +34,7 @@ def with_head_rows(model, rows: int, pad_value: float = 0.0):
     out = copy.deepcopy(model)
     head = model.get_output_embeddings().weight.data
     weight = torch.full((rows, head.shape[1]), pad_value, dtype=head.dtype)
-    weight[:min(rows, head.shape[0])] = head[:rows]
+    weight[: min(rows, head.shape[0])] = head[:rows]
     new = torch.nn.Linear(head.shape[1], rows, bias=False, dtype=head.dtype)
     new.weight.data = weight
     out.set_output_embeddings(new)
@@ -44,8 +45,9 @@ def with_head_rows(model, rows: int, pad_value: float = 0.0):
 PROMPT_TEXT = "What is the capital of France?"
 
 
-@pytest.mark.parametrize("target_rows,draft_rows",
-                         [(49152, 49152 + 64), (49152 + 128, 49152), (49152 + 64, 49152 + 128)])
+@pytest.mark.parametrize(
+    "target_rows,draft_rows", [(49152, 49152 + 64), (49152 + 128, 49152), (49152 + 64, 49152 + 128)]
+)
 def test_draft_and_target_with_different_head_rows_decode_exactly(target_rows, draft_rows):
     model, tok = smollm_fp32()
     target = model if target_rows == 49152 else with_head_rows(model, target_rows)
@@ -57,8 +59,9 @@ def test_draft_and_target_with_different_head_rows_decode_exactly(target_rows, d
     tokens, stats = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=3, max_new_tokens=16))
     assert tokens == reference and stats.accepted > 0  # the draft's padding rows were never proposed
     # sampling used to crash here (the draft's and target's distributions had different widths)
-    sampled, _ = engine.decode(prompt, DecodeSettings(mode="draft", draft_length=3, max_new_tokens=16,
-                                                      temperature=0.8, seed=3))
+    sampled, _ = engine.decode(
+        prompt, DecodeSettings(mode="draft", draft_length=3, max_new_tokens=16, temperature=0.8, seed=3)
+    )
     assert len(sampled) > 0 and max(sampled) < len(tok)
 
 

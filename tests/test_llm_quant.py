@@ -82,9 +82,9 @@ def test_quantize_weights_replaces_every_linear_and_the_model_still_runs():
 
 
 def test_quantized_layers_are_cached_next_to_the_weights(tmp_path):
-    from conftest_llm import tiny_model
-
     from llm.quant import quantize_cached
+
+    from conftest_llm import tiny_model
 
     ids = torch.tensor([[3, 1, 4, 1, 5]])
     first = tiny_model(seed=2, vocab=48)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
 
 from llm.cache import CachedLM
 from llm.engine import DecodeSettings, Engine
@@ -19,6 +18,8 @@ from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer
 from llm.sampling import probabilities
 from llm.speculative import Generation, SamplingParams
+
+from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, tiny_model
 
 VOCAB = 5
 PROMPT = [1, 2, 1, 2, 1]
@@ -55,7 +56,9 @@ def chi_square_p(counts: torch.Tensor, probs: torch.Tensor) -> float:
     df = int(keep.sum()) - 1
     if df == 0:
         return 1.0  # a one-point distribution, and every sample on it
-    return float(torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64)))
+    return float(
+        torch.special.gammaincc(torch.tensor(df / 2, dtype=torch.float64), torch.tensor(stat / 2, dtype=torch.float64))
+    )
 
 
 def sample(target, make_proposer, params, seed=0, k=2):
@@ -98,9 +101,11 @@ CASES = {
 def test_speculative_sampling_follows_the_target_distribution(pair, case):
     target, draft = pair
     params, kind = CASES[case]
-    make = {"draft": lambda: DraftModelProposer(CachedLM(draft)),
-            "scripted": lambda: ScriptedDraft(len(PROMPT), lambda j: (3, 0, 4)[j % 3]),
-            "ngram": lambda: NgramProposer(max_n=2)}[kind]
+    make = {
+        "draft": lambda: DraftModelProposer(CachedLM(draft)),
+        "scripted": lambda: ScriptedDraft(len(PROMPT), lambda j: (3, 0, 4)[j % 3]),
+        "ngram": lambda: NgramProposer(max_n=2),
+    }[kind]
     first, pairs, acceptance = sample(target, make, params)
     p1, joint = exact(target, params)
     assert chi_square_p(first, p1) > 1e-3
@@ -144,8 +149,16 @@ def test_seeded_runs_are_reproducible():
     params = SamplingParams(1.0)
 
     def once(seed):
-        gen = Generation(CachedLM(target), DraftModelProposer(CachedLM(draft)), PROMPT, params, 12, set(),
-                         DraftLengthPolicy(fixed=3, max_k=3), torch.Generator().manual_seed(seed))
+        gen = Generation(
+            CachedLM(target),
+            DraftModelProposer(CachedLM(draft)),
+            PROMPT,
+            params,
+            12,
+            set(),
+            DraftLengthPolicy(fixed=3, max_k=3),
+            torch.Generator().manual_seed(seed),
+        )
         while not gen.done:
             gen.step()
         return gen.new_tokens
@@ -164,4 +177,3 @@ def test_seeded_engine_sampling_on_a_real_model_is_reproducible():
     assert a == b
     others = {tuple(engine.decode(prompt, DecodeSettings(**{**settings.__dict__, "seed": s}))[0]) for s in (8, 9)}
     assert len(others | {tuple(a)}) > 1  # the seed matters: it is really sampling
-

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from conftest_llm import chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
-from test_llm_sampling import PROMPT, VOCAB, chi_square_p, exact
 
 from llm.cache import CachedLM
 from llm.engine import DecodeSettings, _stop_ids
@@ -19,6 +17,9 @@ from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, Proposal
 from llm.speculative import Generation, SamplingParams
 from llm.tree import tree_shape, verify_tree
+
+from conftest_llm import chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
+from test_llm_sampling import PROMPT, VOCAB, chi_square_p, exact
 
 GREEDY = SamplingParams()
 
@@ -68,7 +69,7 @@ def chain_cache(model, ids):
 
 def assert_same_cache(a, b, atol):
     assert len(a.layers) == len(b.layers)
-    for la, lb in zip(a.layers, b.layers):
+    for la, lb in zip(a.layers, b.layers, strict=False):
         assert la.keys.shape == lb.keys.shape
         assert torch.allclose(la.keys.float(), lb.keys.float(), atol=atol)
         assert torch.allclose(la.values.float(), lb.values.float(), atol=atol)
@@ -80,7 +81,7 @@ def run(model, proposer, prompt, n, k=3, check_cache_atol=None):
     while not gen.done:
         gen.step()
         assert target.cache.get_seq_length() == len(target.ids)
-        assert target.ids == gen.seq[:len(target.ids)] and len(target.ids) >= len(gen.seq) - 1
+        assert target.ids == gen.seq[: len(target.ids)] and len(target.ids) >= len(gen.seq) - 1
         if check_cache_atol is not None:
             assert_same_cache(target.cache, chain_cache(model, target.ids), check_cache_atol)
     return gen
@@ -175,8 +176,12 @@ def test_smollm2_fp32_forced_tree_paths_and_cache():
     model, tok = smollm_fp32()
     prompt = chat_ids(tok, "Give me three tips to sleep better. Tips to sleep better are useful.")
     n = 24
-    reference = model.generate(torch.tensor([prompt]), attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
-                               max_new_tokens=n, do_sample=False)[0, len(prompt):].tolist()
+    reference = model.generate(
+        torch.tensor([prompt]),
+        attention_mask=torch.ones(1, len(prompt), dtype=torch.long),
+        max_new_tokens=n,
+        do_sample=False,
+    )[0, len(prompt) :].tolist()
     plans = PLANS["mixed"]
     draft = ScriptedTree(len(prompt), reference, model.config.vocab_size, lambda s: plans[s % len(plans)])
     target = CachedLM(model)
@@ -191,12 +196,16 @@ def test_smollm2_fp32_forced_tree_paths_and_cache():
 def test_smollm2_fp32_int8_reduced_vocab_tree_matches_the_target_alone():
     engine = smollm_with_cheap_draft()
     tok = engine.tokenizer
-    prompts = [chat_ids(tok, "What is the capital of France?"),
-               chat_ids(tok, "Give me three tips to sleep better. Tips to sleep better are useful.")]
+    prompts = [
+        chat_ids(tok, "What is the capital of France?"),
+        chat_ids(tok, "Give me three tips to sleep better. Tips to sleep better are useful."),
+    ]
     for prompt in prompts:
         reference, _ = engine.decode(prompt, DecodeSettings(mode="target", max_new_tokens=24))
-        for settings in (DecodeSettings(mode="draft", draft_length=3, tree=True, tree_width=3, max_new_tokens=24),
-                         DecodeSettings(mode="draft", draft_length="adaptive", tree=True, max_new_tokens=24)):
+        for settings in (
+            DecodeSettings(mode="draft", draft_length=3, tree=True, tree_width=3, max_new_tokens=24),
+            DecodeSettings(mode="draft", draft_length="adaptive", tree=True, max_new_tokens=24),
+        ):
             tokens, stats = engine.decode(prompt, settings)
             assert tokens == reference
 
@@ -229,7 +238,7 @@ def sample_tree(target, proposer, params, seed=0, k=2):
         gen.step()
         gen.step()
         r = gen.records[-1]
-        if r.accepted and r.committed[:r.accepted] != rec.last.tokens[:r.accepted]:
+        if r.accepted and r.committed[: r.accepted] != rec.last.tokens[: r.accepted]:
             through_sibling += 1
         while not gen.done:
             gen.step()

@@ -24,13 +24,13 @@ def test_each_client_has_its_own_budget_and_learns_what_was_held_back(caplog):
         logged = [warnings.warn("10.0.0.1", f"bad input {i}") for i in range(10)]
         assert logged == [True] * 3 + [False] * 7
         assert warnings.warn("10.0.0.2", "another client is not held back")
-        clock.t += 10.0   # one more warning's worth of budget (3 per 30 s)
+        clock.t += 10.0  # one more warning's worth of budget (3 per 30 s)
         assert warnings.warn("10.0.0.1", "bad input again")
         assert not warnings.warn("10.0.0.1", "and again")
     records = [r for r in caplog.records if r.name == "specvoice.test"]
     assert [r.client for r in records] == ["10.0.0.1"] * 3 + ["10.0.0.2", "10.0.0.1"]
-    assert records[-1].suppressed == 7   # the 7 held back, reported with the next one let through
-    assert not any(r.exc_info for r in records)   # bad input never logs a traceback
+    assert records[-1].suppressed == 7  # the 7 held back, reported with the next one let through
+    assert not any(r.exc_info for r in records)  # bad input never logs a traceback
     assert (warnings.logged, warnings.suppressed) == (5, 8)
 
 

@@ -56,8 +56,12 @@ def test_wrong_kind_is_refused():
 def prepare(cache: Path, name: str) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "voice.app.cli", "-v", "--set", f"models.cache_dir={cache}", "models", "prepare", name],
-        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "HF_HUB_OFFLINE": "1"})
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
 
 
 def test_two_processes_prepare_the_same_model(tmp_path):
@@ -81,9 +85,12 @@ def test_truncated_and_corrupt_cache_are_rebuilt(tmp_path):
     assert "truncated" in check_cache(folder, full=False)
     folder = models.build_entry(entry, tmp_path)
     assert target.stat().st_size == good and check_cache(folder, full=True) is None
-    with open(target, "r+b") as fh:  # same size, flipped bytes: caught by the checksum (verify / prepare)
+    stamp = target.stat().st_mtime_ns
+    with open(target, "r+b") as fh:  # same size, flipped bytes: the changed mtime makes the cheap check hash it
         fh.seek(1000)
         fh.write(b"\x00" * 64)
+    assert "corrupt" in check_cache(folder, full=False)
+    os.utime(target, ns=(stamp, stamp))  # flipped bytes behind an unchanged stamp: only the full check hashes
     assert check_cache(folder, full=False) is None
     assert "corrupt" in check_cache(folder, full=True)
     folder = models.build_entry(entry, tmp_path, full_check=True)
@@ -102,8 +109,14 @@ def test_interrupted_build_leaves_no_entry(tmp_path):
 
 
 def test_models_verify_cli_reports_healthy():
-    result = subprocess.run([sys.executable, "-m", "voice.app.cli", "models", "verify"], cwd=ROOT, capture_output=True,
-                            text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = subprocess.run(
+        [sys.executable, "-m", "voice.app.cli", "models", "verify"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "HF_HUB_OFFLINE": "1"},
+    )
     assert result.returncode == 0, result.stdout + result.stderr
     lines = {line.split()[0]: line for line in result.stdout.splitlines()}
     for name in ("smollm2-135m-instruct", "whisper-tiny.en", "piper-joe-medium", "silero-vad"):
@@ -111,6 +124,7 @@ def test_models_verify_cli_reports_healthy():
 
 
 # ---- every embedded model loads and produces output ------------------------------------------------------
+
 
 def piper_wav(text: str, path: Path) -> Path:
     from piper import PiperVoice
@@ -154,18 +168,23 @@ def test_silero_vad_scores_speech_above_silence(tmp_path):
         state, best = np.zeros((2, 1, 128), np.float32), 0.0
         context = np.zeros(64, np.float32)
         for i in range(0, len(audio) - 512, 512):
-            window = np.concatenate([context, audio[i:i + 512]])[None, :]
+            window = np.concatenate([context, audio[i : i + 512]])[None, :]
             out, state = session.run(None, {"input": window, "state": state, "sr": np.array(16000, np.int64)})
-            context = audio[i + 448:i + 512]
+            context = audio[i + 448 : i + 512]
             best = max(best, float(out[0][0]))
         return best
 
     assert max_prob(speech) > 0.8 and max_prob(np.zeros(16000, np.float32)) < 0.2
 
 
-@pytest.mark.parametrize("name", ["smollm2-135m-instruct",
-                                  pytest.param("qwen2.5-coder-0.5b-instruct", marks=pytest.mark.big),
-                                  pytest.param("qwen2.5-coder-1.5b-instruct", marks=pytest.mark.big)])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "smollm2-135m-instruct",
+        pytest.param("qwen2.5-coder-0.5b-instruct", marks=pytest.mark.big),
+        pytest.param("qwen2.5-coder-1.5b-instruct", marks=pytest.mark.big),
+    ],
+)
 def test_llm_produces_a_token(name):
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -174,8 +193,12 @@ def test_llm_produces_a_token(name):
     assert (folder / MANIFEST).exists()
     tokenizer = AutoTokenizer.from_pretrained(folder)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.bfloat16)
-    ids = tokenizer.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                        add_generation_prompt=True, return_tensors="pt", return_dict=True)
+    ids = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}],
+        add_generation_prompt=True,
+        return_tensors="pt",
+        return_dict=True,
+    )
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
-    text = tokenizer.decode(out[0, ids["input_ids"].shape[1]:], skip_special_tokens=True)
+    text = tokenizer.decode(out[0, ids["input_ids"].shape[1] :], skip_special_tokens=True)
     assert "Paris" in text

@@ -8,11 +8,12 @@ import contextlib
 import json
 
 import pytest
-from broker import Broker, Home
 
 from voice.assistant import Assistant
 from voice.config import load_config
 from voice.transports.mqtt import MqttBridge
+
+from broker import Broker, Home
 
 pytestmark = pytest.mark.big
 
@@ -27,10 +28,17 @@ def broker(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def config(broker):
-    return load_config("configs/default.toml", environ={}, overrides=[
-        "llm.mode=target",  # the target alone: same greedy text as with the draft, less to load
-        "mqtt.enabled=true", f"mqtt.port={broker.port}", "mqtt.reconnect_min_s=0.2",
-        f'mqtt.allowed_actions={{"{LIGHT}" = ["ON", "OFF"]}}'])
+    return load_config(
+        "configs/default.toml",
+        environ={},
+        overrides=[
+            "llm.mode=target",  # the target alone: same greedy text as with the draft, less to load
+            "mqtt.enabled=true",
+            f"mqtt.port={broker.port}",
+            "mqtt.reconnect_min_s=0.2",
+            f'mqtt.allowed_actions={{"{LIGHT}" = ["ON", "OFF"]}}',
+        ],
+    )
 
 
 @pytest.fixture(scope="module")

@@ -17,7 +17,6 @@ from pathlib import Path
 
 import aiomqtt
 import pytest
-from broker import Broker, Home, make_tls_files
 
 from audio.sinks import WavSink
 from voice.actions import ActionParser
@@ -25,6 +24,8 @@ from voice.assistant import Assistant
 from voice.config import Config, MQTTConfig
 from voice.events import ActionRequested
 from voice.transports.mqtt import MqttBridge
+
+from broker import Broker, Home, make_tls_files
 
 ROOT = Path(__file__).resolve().parent.parent
 LIGHT, LOCK = "home/kitchen/light/set", "home/front_door/lock/set"
@@ -45,8 +46,14 @@ def broker(tmp_path):
 
 def bridge_config(assistant, broker: Broker, **mqtt) -> Config:
     config = assistant.config.model_copy(deep=True)
-    defaults = dict(enabled=True, host=broker.host, port=broker.port, client_id="specvoice-test",
-                    reconnect_min_s=0.2, reconnect_max_s=1.0)
+    defaults = dict(
+        enabled=True,
+        host=broker.host,
+        port=broker.port,
+        client_id="specvoice-test",
+        reconnect_min_s=0.2,
+        reconnect_max_s=1.0,
+    )
     config.mqtt = MQTTConfig(**{**defaults, **mqtt})
     return config
 
@@ -77,9 +84,18 @@ async def running(bridge: MqttBridge, *, wait_connected: bool = True):
 CONFIGS = "homeassistant/+/kitchen/+/config"
 
 
-ENTITIES = [("sensor", "state"), ("sensor", "transcript"), ("sensor", "reply"), ("sensor", "latency"),
-            ("sensor", "acceptance"), ("text", "say"), ("text", "ask"), ("notify", "speak"), ("button", "stop"),
-            ("event", "event")]
+ENTITIES = [
+    ("sensor", "state"),
+    ("sensor", "transcript"),
+    ("sensor", "reply"),
+    ("sensor", "latency"),
+    ("sensor", "acceptance"),
+    ("text", "say"),
+    ("text", "ask"),
+    ("notify", "speak"),
+    ("button", "stop"),
+    ("event", "event"),
+]
 
 
 async def test_discovery_is_retained_and_sent_again_when_home_assistant_comes_online(assistant, broker):
@@ -87,8 +103,9 @@ async def test_discovery_is_retained_and_sent_again_when_home_assistant_comes_on
     n = len(ENTITIES)
     async with running(bridge):
         # a home that connects later still gets every config: they are retained
-        async with Home(broker, ("homeassistant/#", "specvoice/availability", "specvoice/state", "specvoice/error"),
-                        identifier="ha") as home:
+        async with Home(
+            broker, ("homeassistant/#", "specvoice/availability", "specvoice/state", "specvoice/error"), identifier="ha"
+        ) as home:
             retained = await home.wait_count(CONFIGS, n, where=lambda m: m.retain, timeout=10)
             configs = {m.topic.value: json.loads(m.payload) for m in retained}
             assert set(configs) == {f"homeassistant/{c}/kitchen/{o}/config" for c, o in ENTITIES}
@@ -145,6 +162,7 @@ async def test_a_clean_stop_says_offline(assistant, broker):
 
 # ---- say, ask, events --------------------------------------------------------------------------------------------
 
+
 async def test_say_round_trip(assistant, broker):
     bridge = MqttBridge(bridge_config(assistant, broker), assistant)
     async with running(bridge), Home(broker, ("specvoice/#",)) as home:
@@ -162,8 +180,9 @@ async def test_ask_round_trip_publishes_answer_reply_turn_and_latency(assistant,
     bridge = MqttBridge(bridge_config(assistant, broker), assistant)
     async with running(bridge), Home(broker, ("specvoice/#",)) as home:
         mark = home.mark()
-        await home.publish("specvoice/ask", json.dumps({"text": "What colour is the sky on a clear day?",
-                                                        "id": "q-17"}))
+        await home.publish(
+            "specvoice/ask", json.dumps({"text": "What colour is the sky on a clear day?", "id": "q-17"})
+        )
         answer = await home.wait_for("specvoice/answer", since=mark, timeout=120)
         assert answer["id"] == "q-17" and answer["question"] == "What colour is the sky on a clear day?"
         assert len(answer["reply"].split()) >= 2 and answer["interrupted"] is False and answer["audio_s"] > 0.5
@@ -177,14 +196,14 @@ async def test_ask_round_trip_publishes_answer_reply_turn_and_latency(assistant,
         latency = await home.wait_for("specvoice/latency", since=mark, timeout=10)
         assert latency["stage"] == "text_to_voice"
         decoder = turn["trace"]["decoder"]
-        assert latency["acceptance_pct"] == (round(100 * decoder["accepted_per_drafted"], 1) if decoder["drafted"]
-                                             else None)
+        assert latency["acceptance_pct"] == (
+            round(100 * decoder["accepted_per_drafted"], 1) if decoder["drafted"] else None
+        )
         assert latency["ms"] == turn["trace"]["stages_ms"]["text_to_voice"] > 0
         states = home.texts("specvoice/state", mark, live=True)
         assert states[0] == "thinking" and "speaking" in states and states[-1] == "idle"
         event = await home.wait_for("specvoice/event", since=mark, timeout=10)
-        assert event == {"event_type": "turn_end", "session": "mqtt", "turn_id": turn["turn_id"],
-                         "interrupted": False}
+        assert event == {"event_type": "turn_end", "session": "mqtt", "turn_id": turn["turn_id"], "interrupted": False}
     # the latency is retained for anyone who connects later; the words are not (mqtt.retain_results)
     async with Home(broker, ("specvoice/#", "sync/late"), identifier="late") as late:
         assert (await late.wait_for("specvoice/latency", timeout=10))["ms"] == latency["ms"]
@@ -194,8 +213,11 @@ async def test_ask_round_trip_publishes_answer_reply_turn_and_latency(assistant,
 
 
 async def test_event_triggers_announce_their_templated_sentence(assistant, broker):
-    events = {"home/doorbell": "{name} is at the front door.", "home/+/motion": "Motion on {topic}.",
-              "home/oven/done": "The oven is done: {payload}."}
+    events = {
+        "home/doorbell": "{name} is at the front door.",
+        "home/+/motion": "Motion on {topic}.",
+        "home/oven/done": "The oven is done: {payload}.",
+    }
     bridge = MqttBridge(bridge_config(assistant, broker, events=events), assistant)
     async with running(bridge), Home(broker, ("specvoice/#",)) as home:
         mark = home.mark()
@@ -206,8 +228,11 @@ async def test_event_triggers_announce_their_templated_sentence(assistant, broke
         await home.publish("home/doorbell", json.dumps({"name": "Carol"}))
         spoken = [json.loads(m.payload) for m in await home.wait_count("specvoice/spoken", 4, since=mark)]
         assert [(s["text"], s["source"]) for s in spoken] == [
-            ("Alice is at the front door.", "home/doorbell"), ("Motion on home/garage/motion.", "home/garage/motion"),
-            ("The oven is done: the bread is ready.", "home/oven/done"), ("Carol is at the front door.", "home/doorbell")]
+            ("Alice is at the front door.", "home/doorbell"),
+            ("Motion on home/garage/motion.", "home/garage/motion"),
+            ("The oven is done: the bread is ready.", "home/oven/done"),
+            ("Carol is at the front door.", "home/doorbell"),
+        ]
         assert all(s["audio_s"] > 0.5 for s in spoken)
         [error] = [json.loads(t) for t in home.texts("specvoice/error", mark)]
         assert error["kind"] == "payload" and error["topic"] == "home/doorbell"
@@ -234,7 +259,7 @@ async def test_malformed_payloads_get_a_clear_error_and_the_next_message_works(a
             await home.publish(topic, payload)
         errors = [json.loads(m.payload) for m in await home.wait_count("specvoice/error", len(bad), since=mark)]
         assert len(errors) == len(bad)
-        for error, (topic, _, words) in zip(errors, bad):
+        for error, (topic, _, words) in zip(errors, bad, strict=False):
             assert error["kind"] == "payload" and error["topic"] == topic
             assert words in error["error"] and "fix:" in error["error"], error
         assert not task.done()
@@ -247,9 +272,11 @@ async def test_malformed_payloads_get_a_clear_error_and_the_next_message_works(a
 async def test_cancel_stops_speech_in_progress(assistant, broker):
     sink = WavSink(None, assistant.tts_sample_rate, realtime=True)  # plays at the pace of a real speaker
     bridge = MqttBridge(bridge_config(assistant, broker), assistant, sink=sink)
-    long_text = ("This is a long announcement that goes on for quite a while, so that there is time to stop it. "
-                 "It has several sentences. Each of them takes a few seconds to speak. Nobody wants to hear all "
-                 "of it, which is why the stop button exists.")
+    long_text = (
+        "This is a long announcement that goes on for quite a while, so that there is time to stop it. "
+        "It has several sentences. Each of them takes a few seconds to speak. Nobody wants to hear all "
+        "of it, which is why the stop button exists."
+    )
     try:
         async with running(bridge), Home(broker, ("specvoice/#",)) as home:
             mark = home.mark()
@@ -268,6 +295,7 @@ async def test_cancel_stops_speech_in_progress(assistant, broker):
 
 # ---- home actions ------------------------------------------------------------------------------------------------
 
+
 async def test_allowed_actions_are_published_and_others_refused(assistant, broker):
     allowed = {LIGHT: ["ON", "OFF"]}
     bridge = MqttBridge(bridge_config(assistant, broker, allowed_actions=allowed), assistant)
@@ -275,8 +303,7 @@ async def test_allowed_actions_are_published_and_others_refused(assistant, broke
         mark = home.mark()
         # what the pipeline does with a reply: parse its markers, emit each request on the session
         parser = ActionParser(allowed)
-        reply = (f"Sure. [ACTION {LIGHT} on] The lights are on. [ACTION {LOCK} UNLOCK] "
-                 f"[ACTION {LIGHT} DIM]")
+        reply = f"Sure. [ACTION {LIGHT} on] The lights are on. [ACTION {LOCK} UNLOCK] [ACTION {LIGHT} DIM]"
         assert parser.push(reply) + parser.flush() == "Sure.  The lights are on.  Sorry, I can't do that."
         session = assistant.session(name="voice")
         try:
@@ -291,11 +318,17 @@ async def test_allowed_actions_are_published_and_others_refused(assistant, broke
         assert home.texts(LIGHT, mark) == ["ON"]
         assert home.received(LIGHT, mark)[0].qos == 1 and not home.received(LIGHT, mark)[0].retain
         assert home.texts(LOCK, mark) == []
-        assert json.loads(home.texts("specvoice/action", mark)[0]) == {"topic": LIGHT, "payload": "ON",
-                                                                       "session": "voice"}
+        assert json.loads(home.texts("specvoice/action", mark)[0]) == {
+            "topic": LIGHT,
+            "payload": "ON",
+            "session": "voice",
+        }
         errors = [json.loads(t) for t in home.texts("specvoice/error", mark)]
         assert [(e["kind"], e["topic"], e["payload"]) for e in errors] == [
-            ("action", LOCK, "UNLOCK"), ("action", LIGHT, "DIM"), ("action", LOCK, "UNLOCK")]
+            ("action", LOCK, "UNLOCK"),
+            ("action", LIGHT, "DIM"),
+            ("action", LOCK, "UNLOCK"),
+        ]
         assert "not on the allow-list" in errors[0]["error"] and "'ON', 'OFF'" in errors[1]["error"]
         assert "not on this bridge's mqtt.allowed_actions" in errors[2]["error"]
 
@@ -310,6 +343,7 @@ def test_unsafe_or_broken_settings_are_refused_at_start(assistant, broker):
 
 
 # ---- a broker restart, reconnection, credentials, the last will ------------------------------------------------
+
 
 async def test_broker_restart_mid_conversation_loses_no_qos1_command(assistant, broker):
     bridge = MqttBridge(bridge_config(assistant, broker, reconnect_min_s=3.0, reconnect_max_s=3.0), assistant)
@@ -359,8 +393,10 @@ async def test_tls_and_credentials(assistant, tmp_path):
         good = dict(tls=True, ca_file=str(tls.ca), username="voice", password="s3cret")
         bridge = MqttBridge(bridge_config(assistant, broker, **good), assistant)
         home_tls = aiomqtt.TLSParameters(ca_certs=str(tls.ca))
-        async with running(bridge), Home(broker, ("specvoice/#",), username="home", password="h0me",
-                                         tls_params=home_tls) as home:
+        async with (
+            running(bridge),
+            Home(broker, ("specvoice/#",), username="home", password="h0me", tls_params=home_tls) as home,
+        ):
             await home.publish("specvoice/say", "Secure hello.")
             assert (await home.wait_for("specvoice/spoken"))["text"] == "Secure hello."
         wrong = MqttBridge(bridge_config(assistant, broker, **{**good, "password": "nope"}), assistant)
@@ -394,8 +430,13 @@ async def test_last_will_says_offline_when_the_process_is_killed(broker, tmp_pat
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
     errors = (tmp_path / "child.err").open("w")
     async with Home(broker, ("specvoice/#",)) as home:
-        child = subprocess.Popen([sys.executable, "-c", BRIDGE_PROCESS, str(broker.port)], cwd=ROOT, env=env,
-                                 stdout=subprocess.DEVNULL, stderr=errors)
+        child = subprocess.Popen(
+            [sys.executable, "-c", BRIDGE_PROCESS, str(broker.port)],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=errors,
+        )
         try:
             online = home.wait_for("specvoice/availability", timeout=120)
             assert await online == "online", (tmp_path / "child.err").read_text()[-3000:]

@@ -34,6 +34,7 @@ def broker(tmp_path):
 
 # ---- the outbox, on its own ----------------------------------------------------------------------------------
 
+
 def test_outbox_sends_control_then_results_then_telemetry_and_drops_telemetry_first():
     box = Outbox(limit=3)
     trace = Outgoing("p/turn", "t1", priority=Priority.TELEMETRY)
@@ -59,6 +60,7 @@ def test_token_bucket_allows_a_burst_then_a_rate_per_key():
 
 
 # ---- against a broker --------------------------------------------------------------------------------------------
+
 
 async def test_retained_say_is_not_spoken_even_after_a_reconnect(assistant, broker, caplog):
     async with Home(broker, ("specvoice/#",)) as home:
@@ -89,8 +91,13 @@ async def test_a_full_command_queue_refuses_with_a_busy_error(assistant, broker)
         busy = await home.wait_for("specvoice/error", lambda e: e["kind"] == "busy", since=mark)
         assert "mqtt.max_queued_commands" in busy["error"] and busy["topic"] == "specvoice/say"
         # every say is either spoken or refused, none lost: one running and two waiting at most when they came
-        outcomes = await home.wait_count("specvoice/+", 8, since=mark, timeout=120,
-                                         where=lambda m: m.topic.value.endswith("spoken") or b'"busy"' in m.payload)
+        outcomes = await home.wait_count(
+            "specvoice/+",
+            8,
+            since=mark,
+            timeout=120,
+            where=lambda m: m.topic.value.endswith("spoken") or b'"busy"' in m.payload,
+        )
         spoken = [m for m in outcomes if m.topic.value.endswith("spoken")]
         assert len(outcomes) == 8 and 3 <= len(spoken) < 8 and not task.done()
 
@@ -167,19 +174,26 @@ async def test_only_mqtt_and_local_turns_are_published_unless_asked(assistant, b
 async def test_each_conversation_id_has_its_own_history(assistant, broker):
     bridge = MqttBridge(bridge_config(assistant, broker), assistant)
     async with running(bridge), Home(broker, ("specvoice/#",)) as home:
-        asks = [("alice", "My cat is called Tom."), ("bob", "My dog is called Rex."), (None, "What is my cat called?"),
-                ("alice", "What is my cat called?")]
+        asks = [
+            ("alice", "My cat is called Tom."),
+            ("bob", "My dog is called Rex."),
+            (None, "What is my cat called?"),
+            ("alice", "What is my cat called?"),
+        ]
         mark = home.mark()
         for conversation, text in asks:
             body = {"text": text, "speak": False, **({"conversation_id": conversation} if conversation else {})}
             await home.publish("specvoice/ask", json.dumps(body))
-        answers = [json.loads(m.payload) for m in await home.wait_count("specvoice/answer", 4, since=mark,
-                                                                          timeout=240)]
+        answers = [json.loads(m.payload) for m in await home.wait_count("specvoice/answer", 4, since=mark, timeout=240)]
         assert [a["conversation_id"] for a in answers] == ["alice", "bob", None, "alice"]
-        histories = {key: [m["content"] for m in session.history if m["role"] == "user"]
-                     for key, (session, _) in bridge.commands.conversations.items()}
-        assert histories == {"alice": ["My cat is called Tom.", "What is my cat called?"],
-                             "bob": ["My dog is called Rex."]}
+        histories = {
+            key: [m["content"] for m in session.history if m["role"] == "user"]
+            for key, (session, _) in bridge.commands.conversations.items()
+        }
+        assert histories == {
+            "alice": ["My cat is called Tom.", "What is my cat called?"],
+            "bob": ["My dog is called Rex."],
+        }
         anonymous = [m["content"] for m in bridge.commands.speaker.history if m["role"] == "user"]
         assert anonymous == ["What is my cat called?"]  # started afresh: it never saw Alice's words
         await home.publish("specvoice/ask", json.dumps({"text": "hi", "conversation_id": "no spaces allowed"}))

@@ -6,16 +6,27 @@ from __future__ import annotations
 import asyncio
 import gc
 import threading
+import time
 
 import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE as MIC_RATE
 from audio.resample import resample
 from audio.sinks import WavSink
-from audio.frames import SPEECH_RATE as MIC_RATE
 from voice.assistant import Assistant
-from voice.events import (ReplyAudio, ReplyTextDelta, SpeechStarted, State, StateChanged, TranscriptFinal, TranscriptPartial,
-                          TurnDone, TurnError)
+from voice.events import (
+    ReplyAudio,
+    ReplyTextDelta,
+    SpeechStarted,
+    SpeechStopped,
+    State,
+    StateChanged,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnDone,
+    TurnError,
+)
 from voice.latency import MARKS
 
 BLOCK = MIC_RATE // 50  # 20 ms
@@ -35,8 +46,9 @@ def speech(assistant):
 
     def make(text: str) -> np.ndarray:
         if text not in cache:
-            cache[text] = resample(np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate,
-                                   MIC_RATE)
+            cache[text] = resample(
+                np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, MIC_RATE
+            )
         return cache[text]
 
     return make
@@ -47,11 +59,16 @@ class Recorder:
 
     def __init__(self) -> None:
         self.events: list = []
+        self.times: list[float] = []  # time.monotonic() when each event came
         self._changed = asyncio.Event()
 
     def __call__(self, event) -> None:
         self.events.append(event)
+        self.times.append(time.monotonic())
         self._changed.set()
+
+    def time_of(self, kind) -> float:
+        return next(t for e, t in zip(self.events, self.times, strict=True) if isinstance(e, kind))
 
     def of(self, kind) -> list:
         return [e for e in self.events if isinstance(e, kind)]
@@ -71,21 +88,28 @@ class Recorder:
 
 
 class Mic:
-    """Feeds audio into a session in 20 ms blocks, paced like a microphone (`speed` times real time)."""
+    """Feeds audio into a session in 20 ms blocks, paced like a microphone (`speed` times real time).
+    ``lockstep``: after each block, wait for the listener's background work (Whisper pass, Smart Turn) and for
+    an early reply to produce its first output, as on an infinitely fast machine: what the session decides
+    then depends on the audio alone, not on how busy the machine is."""
 
-    def __init__(self, session, speed: float = 1.0) -> None:
-        self.session, self.speed = session, speed
+    def __init__(self, session, speed: float = 1.0, lockstep: bool = False) -> None:
+        self.session, self.speed, self.lockstep = session, speed, lockstep
         self.loop = asyncio.get_running_loop()
         self.t = self.start = self.loop.time()  # loop.time() is time.monotonic(): the session's clock
 
     async def play(self, samples: np.ndarray, reference=None) -> None:
         for i in range(0, len(samples), BLOCK):
-            block = samples[i:i + BLOCK]
+            block = samples[i : i + BLOCK]
             if len(block) < BLOCK:
                 block = np.pad(block, (0, BLOCK - len(block)))
             ref = None if reference is None else reference(self.t, len(block))
             await self.session.push_audio(block.astype(np.int16), self.t, reference=ref)
             self.t += BLOCK / MIC_RATE
+            if self.lockstep:
+                await self.session.listener.settle()
+                if (early := self.session.early_reply) is not None:
+                    await early.first_output()
             # paced against the start time, so audio time never drifts behind the clock as the session works
             await asyncio.sleep(max(0.0, self.start + (self.t - self.start) / self.speed - self.loop.time()))
 
@@ -93,23 +117,24 @@ class Mic:
         await self.play(np.zeros(int(seconds * MIC_RATE), np.int16), reference)
 
 
-def open_session(assistant) -> tuple[Recorder, WavSink, object, Mic]:
+def open_session(assistant, lockstep: bool = False) -> tuple[Recorder, WavSink, object, Mic]:
     """A session that records its events and writes its answers to a WAV sink, with a Mic feeding it."""
     rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=False)
     session = assistant.session(rec, sink=sink)
-    return rec, sink, session, Mic(session)
+    return rec, sink, session, Mic(session, lockstep=lockstep)
 
 
 def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
-    segments, _ = assistant.stt.model.transcribe(resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768,
-                                                 language="en", beam_size=1)
+    segments, _ = assistant.stt.model.transcribe(
+        resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768, language="en", beam_size=1
+    )
     return " ".join(s.text for s in segments).strip()
 
 
 async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     rec, sink, session, mic = open_session(assistant)
     await mic.play(speech("What is the capital of France, and when is the best time of the year to go there?"))
-    await mic.silence(1.0)
+    await mic.silence(1.3)  # room for the longest end-of-turn wait (turn.max_silence_ms)
     done = await rec.turn_done()
     assert done is not None and not done.interrupted
     assert "capital" in done.transcript.lower() and "france" in done.transcript.lower()
@@ -118,8 +143,17 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     answer = transcribe(assistant, sink.audio, assistant.tts_sample_rate)
     assert len(answer.split()) >= 2, f"the spoken answer transcribes back to words: {answer!r}"
     marks = done.trace["marks_ms"]
-    for mark in ("speech_start", "speech_end", "endpoint", "stt_final", "llm_first_token", "first_fragment",
-                 "tts_first_audio", "playback_start", "turn_end"):
+    for mark in (
+        "speech_start",
+        "speech_end",
+        "endpoint",
+        "stt_final",
+        "llm_first_token",
+        "first_fragment",
+        "tts_first_audio",
+        "playback_start",
+        "turn_end",
+    ):
         assert mark in marks, mark
     early = done.trace.get("early_reply", False)  # a reply started on the pause may have its first token sooner
     order = [marks[m] for m in MARKS if m in marks and not (early and m == "llm_first_token")]
@@ -132,34 +166,70 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     sink.close()
 
 
-@pytest.fixture
-def patient_assistant(assistant):
-    """The same loaded models, with an endpoint wait long enough that the pause transcript always comes first,
-    so a reply starts early (on the pause) every time."""
-    config = assistant.config.model_copy(deep=True)
-    config.vad.end_silence_ms = 1500
-    return Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
-
-
-async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assistant, speech):
-    rec, sink, session, mic = open_session(patient_assistant)
-    await mic.play(speech("What is the capital of France?"))
-    await mic.silence(2.0)
+async def test_committed_words_are_prefilled_while_the_user_speaks(assistant, speech):
+    """Work during speech (dialog.prefill_during_speech): before the end of the turn, the LLM cache already
+    holds the prompt up to the last committed word; the reply then starts from it."""
+    rec, sink, session, mic = open_session(assistant, lockstep=True)
+    # one breath (no comma: piper pauses there, and a lockstep Smart Turn may rightly end the turn at it)
+    await mic.play(speech("Which month of the year is the best time to go to the south of France for a holiday?"))
+    committed = [e.committed for e in rec.of(TranscriptPartial) if e.committed]
+    assert committed and not rec.of(TurnDone), "words were committed while the user was still speaking"
+    conversation = session.conversation
+    one, two = (
+        conversation.prompt_ids(conversation.messages + [{"role": "user", "content": f"{committed[-1]}{x}"}])
+        for x in (" a", " b c")
+    )
+    ready = next(i for i, (a, b) in enumerate(zip(one, two, strict=False)) if a != b)  # up to the committed words
+    async with asyncio.timeout(60):  # the prefill runs between Whisper passes; this only bounds a hang
+        while conversation.cached_tokens[0] < ready:
+            await asyncio.sleep(0.05)
+    assert conversation._target.ids[:ready] == one[:ready], "the cache holds the open user turn so far"
+    await mic.silence(1.3)
     done = await rec.turn_done()
-    assert session.early_replies == {"started": 1, "adopted": 1}
-    assert done.trace["early_reply"] is True and not done.interrupted and done.reply.strip()
-    marks = done.trace["marks_ms"]
-    # generation began before the VAD decided the turn was over, so the reply was under way at the endpoint
-    assert marks["llm_first_token"] < marks["endpoint"], marks
-    assert marks["endpoint"] <= marks["first_fragment"] <= marks["playback_start"], marks
-    turns = [(m["role"], m["content"]) for m in session.history if m["role"] != "system"]
-    assert turns == [("user", done.transcript), ("assistant", done.reply)]
+    assert done is not None and done.transcript.startswith(committed[-1]) and done.reply.strip()
     await session.close()
     sink.close()
 
 
+@pytest.fixture(params=["smart"])
+def patient_assistant(assistant, request):
+    """The same loaded models, with an end of turn that always waits long enough for the pause transcript to come
+    first, so a reply starts early (on the pause) every time: the semantic end with a threshold the model never
+    reaches (every pause sounds unfinished, so the turn waits for turn.max_silence_ms), or the VAD rule with a
+    long vad.end_silence_ms."""
+    config = assistant.config.model_copy(deep=True)
+    config.turn.engine = request.param
+    config.turn.threshold = 0.999
+    config.turn.max_silence_ms = config.vad.end_silence_ms = 1500
+    return Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+
+
+@pytest.mark.parametrize("patient_assistant", ["smart", "vad"], indirect=True)
+async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assistant, speech):
+    # in lockstep: the pause's transcript and Smart Turn's answer come before the next block, and the early
+    # reply's first token before the audio goes on, so the outcome does not hang on the machine's load
+    rec, sink, session, mic = open_session(patient_assistant, lockstep=True)
+    assert session.listener.end_of_turn == patient_assistant.config.turn.engine
+    await mic.play(speech("What is the capital of France?"))
+    await mic.silence(2.0)
+    done = await rec.turn_done()
+    assert session.early_replies == {"started": 1, "adopted": 1}, done.trace["end_of_turn"]
+    assert done.trace["early_reply"] is True and not done.interrupted and done.reply.strip()
+    marks = done.trace["marks_ms"]
+    # generation began before the end of the turn was decided, so the reply was under way at the endpoint
+    # (the endpoint mark is on the audio clock, which lags a lockstep mic: compare with when it was decided)
+    origin = rec.of(SpeechStarted)[0].t - marks["speech_start"] / 1000  # the monotonic time of marks_ms 0
+    assert origin + marks["llm_first_token"] / 1000 < rec.time_of(SpeechStopped), marks
+    assert marks["endpoint"] <= marks["first_fragment"] <= marks["playback_start"], marks
+    turns = [(m["role"], m["content"]) for m in session.history if m["role"] != "system"]
+    assert turns == [("user", done.transcript), ("assistant", done.reply)]
+    await session.close()
+    await patient_assistant.close()
+    sink.close()
+
+
 async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, speech):
-    rec, sink, session, mic = open_session(patient_assistant)
+    rec, sink, session, mic = open_session(patient_assistant, lockstep=True)  # load-independent, as above
     await mic.play(speech("What is the capital of France?"))
     await mic.silence(1.0)  # a pause long enough for an early reply, shorter than the endpoint wait
     assert session.early_replies["started"] == 1
@@ -173,8 +243,12 @@ async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, s
     assert turns == [("user", done.transcript), ("assistant", done.reply)], "the guess left no trace in history"
     # the next turn continues from exactly this history (the dropped reply's tokens were cropped from the caches)
     second = await session.ask("Thank you.", speak=False)
-    assert second.reply.strip() and [m["role"] for m in session.history if m["role"] != "system"] == \
-        ["user", "assistant", "user", "assistant"]
+    assert second.reply.strip() and [m["role"] for m in session.history if m["role"] != "system"] == [
+        "user",
+        "assistant",
+        "user",
+        "assistant",
+    ]
     await session.close()
     sink.close()
 
@@ -224,12 +298,18 @@ async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, momen
         assert played_before == 0 and done.reply == "" and replies == []
     else:
         assert replies == ([done.reply] if done.reply else []), "the history keeps exactly what was heard"
-        assert generated.split()[:len(done.reply.split())] == done.reply.split(), "heard text is a prefix"
+        assert generated.split()[: len(done.reply.split())] == done.reply.split(), "heard text is a prefix"
         assert len(done.reply) < len(generated.strip()), "the unheard rest is gone"
     assert sum(isinstance(e, SpeechStarted) for e in rec.events) == 2
-    await mic.silence(1.0)  # the interrupting speech becomes the next turn
-    await rec.wait_for(lambda e: isinstance(e, TranscriptFinal) and "stop" in e.text.lower()
-                       or isinstance(e, TranscriptFinal) and "wait" in e.text.lower())
+    await mic.silence(1.3)  # the interrupting speech becomes the next turn (max_silence_ms fits)
+    await rec.wait_for(
+        lambda e: (
+            isinstance(e, TranscriptFinal)
+            and "stop" in e.text.lower()
+            or isinstance(e, TranscriptFinal)
+            and "wait" in e.text.lower()
+        )
+    )
     await session.close()
     sink.close()
 
@@ -239,7 +319,7 @@ async def test_short_noise_is_not_a_barge_in(assistant, speech):
     session, mic = await _reply_in_progress(assistant, speech, rec, sink, lambda e: isinstance(e, ReplyAudio))
     blip = speech("Mhm.")
     voiced = np.flatnonzero(np.abs(blip) > 500)
-    short = blip[voiced[0]:voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
+    short = blip[voiced[0] : voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
     await mic.play(short)
     await mic.silence(0.5)
     feeder = asyncio.create_task(mic.silence(60.0))
@@ -273,7 +353,7 @@ async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
             return np.zeros(n, np.int16)
         start = start if start is not None else t
         i = int((t - start) * MIC_RATE)
-        return np.pad(played[i:i + n], (0, max(0, n - len(played[i:i + n]))))
+        return np.pad(played[i : i + n], (0, max(0, n - len(played[i : i + n]))))
 
     async def room():
         delay = int(0.06 * MIC_RATE)
@@ -351,8 +431,14 @@ async def test_wake_word_gates_turns(assistant, speech):
 
     config = assistant.config.model_copy(deep=True)
     config.models.wake_word = "hey_jarvis"
-    woken = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path,
-                      str(resolve("hey_jarvis", "wake").path))
+    woken = Assistant(
+        config,
+        assistant.engine,
+        assistant.stt,
+        assistant.tts,
+        assistant.vad_path,
+        str(resolve("hey_jarvis", "wake").path),
+    )
     rec = Recorder()
     session = woken.session(rec)
     mic = Mic(session, speed=2.0)

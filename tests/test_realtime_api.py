@@ -13,12 +13,10 @@ import contextlib
 import json
 import socket
 import urllib.request
-from typing import Any, get_args
+from typing import get_args
 
 import numpy as np
 import pytest
-from serving import sdk, serving
-from broker import free_port
 import websockets
 from openai.types.realtime import realtime_server_event
 from websockets.asyncio.client import connect
@@ -26,13 +24,19 @@ from websockets.exceptions import ConnectionClosed
 
 from audio.resample import resample
 from voice.assistant import Assistant
-from voice.speechset import espeak_utterance, wer
 from voice.config import ConfigError
 from voice.server import serve
+from voice.speechset import espeak_utterance, wer
+
+from broker import free_port
+from realtime_client import b64, make_config
+from serving import sdk, serving
 
 WIRE = 24000
-SERVER_EVENTS = {get_args(cls.model_fields["type"].annotation)[0]: cls
-                 for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])}
+SERVER_EVENTS = {
+    get_args(cls.model_fields["type"].annotation)[0]: cls
+    for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])
+}
 
 
 @pytest.fixture(scope="module")
@@ -40,16 +44,6 @@ def assistant(small_config):
     config = small_config.model_copy(deep=True)
     config.llm.max_new_tokens = 32
     return Assistant.load_sync(config)
-
-
-
-def make_config(assistant, **server) -> Any:
-    config = assistant.config.model_copy(deep=True)
-    config.server.port = free_port()
-    config.wyoming.enabled = False
-    for key, value in server.items():
-        setattr(config.server, key, value)
-    return config
 
 
 @contextlib.asynccontextmanager
@@ -66,10 +60,18 @@ def scrape(port: int) -> str:
 
 
 async def ask_for_a_long_story(conn) -> None:
-    """A text question whose spoken answer lasts long enough to be interrupted."""
-    await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-        {"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}]})
-    await conn.response.create()
+    """A text question whose spoken answer lasts long enough to be interrupted. The response asks for up to 1024
+    tokens (the session's default here is 32, a few seconds of speech that a fast machine synthesizes whole before
+    the test's barge-in arrives, so the reply would complete instead of being cut): minutes of speech, so the
+    interruption always lands while the reply is still being generated and spoken."""
+    await conn.conversation.item.create(
+        item={
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "Tell me a long story about a dragon and a knight."}],
+        }
+    )
+    await conn.response.create(response={"max_output_tokens": 1024})
 
 
 async def events_until(conn, last: str, timeout: float = 150.0, *, validate: bool = True) -> list[dict]:
@@ -90,13 +92,10 @@ def types(events: list[dict]) -> list[str]:
 
 
 def audio_of(events: list[dict]) -> np.ndarray:
-    chunks = [np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in events
-              if e["type"] == "response.output_audio.delta"]
+    chunks = [
+        np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in events if e["type"] == "response.output_audio.delta"
+    ]
     return np.concatenate(chunks) if chunks else np.zeros(0, np.int16)
-
-
-def b64(samples: np.ndarray) -> str:
-    return base64.b64encode(samples.astype("<i2").tobytes()).decode()
 
 
 async def send_speech(conn, samples24: np.ndarray, *, silence_s: float = 1.2, speed: float = 4.0) -> None:
@@ -104,18 +103,20 @@ async def send_speech(conn, samples24: np.ndarray, *, silence_s: float = 1.2, sp
     audio = np.concatenate([np.zeros(WIRE // 5, np.int16), samples24, np.zeros(int(silence_s * WIRE), np.int16)])
     step = WIRE // 10
     for i in range(0, len(audio), step):
-        await conn.input_audio_buffer.append(audio=b64(audio[i:i + step]))
+        await conn.input_audio_buffer.append(audio=b64(audio[i : i + step]))
         await asyncio.sleep(0.1 / speed)
 
 
 async def text_turn(conn, text: str, **response) -> list[dict]:
-    await conn.conversation.item.create(item={"type": "message", "role": "user",
-                                              "content": [{"type": "input_text", "text": text}]})
+    await conn.conversation.item.create(
+        item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+    )
     await conn.response.create(**({"response": response} if response else {}))
     return await events_until(conn, "response.done")
 
 
 # ---- happy paths, with the openai SDK ------------------------------------------------------------------------
+
 
 async def test_text_turn_gets_text_audio_and_latency_trace(assistant):
     config = make_config(assistant)
@@ -131,9 +132,13 @@ async def test_text_turn_gets_text_audio_and_latency_trace(assistant):
             done = events[-1]["response"]
             assert done["status"] == "completed", done
             # the order a Realtime client relies on
-            assert kinds.index("response.created") < kinds.index("response.output_audio_transcript.delta") \
-                < kinds.index("response.output_audio_transcript.done") < kinds.index("specvoice.latency") \
+            assert (
+                kinds.index("response.created")
+                < kinds.index("response.output_audio_transcript.delta")
+                < kinds.index("response.output_audio_transcript.done")
+                < kinds.index("specvoice.latency")
                 < kinds.index("response.done")
+            )
             transcript = "".join(e["delta"] for e in events if e["type"] == "response.output_audio_transcript.delta")
             assert transcript.strip()
             assert done["output"][0]["content"][0]["transcript"].strip() == transcript.strip()
@@ -163,12 +168,21 @@ async def test_spoken_turn_with_server_vad(assistant):
             await send_speech(conn, espeak_utterance(question, rate=WIRE))
             events = await events_until(conn, "response.done")
             kinds = types(events)
-            for kind in ("input_audio_buffer.speech_started", "input_audio_buffer.speech_stopped",
-                         "input_audio_buffer.committed", "conversation.item.input_audio_transcription.completed",
-                         "response.created", "response.output_audio.delta", "specvoice.latency"):
+            for kind in (
+                "input_audio_buffer.speech_started",
+                "input_audio_buffer.speech_stopped",
+                "input_audio_buffer.committed",
+                "conversation.item.input_audio_transcription.completed",
+                "response.created",
+                "response.output_audio.delta",
+                "specvoice.latency",
+            ):
                 assert kind in kinds, (kind, kinds)
-            assert kinds.index("input_audio_buffer.speech_started") < kinds.index(
-                "input_audio_buffer.speech_stopped") < kinds.index("response.created")
+            assert (
+                kinds.index("input_audio_buffer.speech_started")
+                < kinds.index("input_audio_buffer.speech_stopped")
+                < kinds.index("response.created")
+            )
             started = next(e for e in events if e["type"] == "input_audio_buffer.speech_started")
             stopped = next(e for e in events if e["type"] == "input_audio_buffer.speech_stopped")
             assert started["item_id"] == stopped["item_id"]
@@ -181,6 +195,11 @@ async def test_spoken_turn_with_server_vad(assistant):
             assert events[-1]["response"]["status"] == "completed"
             trace = next(e for e in events if e["type"] == "specvoice.latency")["trace"]
             assert {"speech_end", "endpoint", "stt_final", "llm_first_token"} <= set(trace["marks_ms"])
+            # the audio is sent 4x faster than real time, so its clock runs seconds ahead of the wall: the trace's
+            # speech marks are when that audio arrived (Listener.arrival), or the reply would seem to start
+            # before the user stopped speaking (voice_to_voice 0)
+            marks = trace["marks_ms"]
+            assert marks["speech_start"] < marks["speech_end"] <= marks["endpoint"] <= marks["stt_final"], marks
             assert trace["stages_ms"]["voice_to_voice"] > 0
 
 
@@ -190,19 +209,24 @@ async def test_manual_turn_taking_commit_then_response_create(assistant):
     async with running(config, assistant) as url:
         async with sdk(url).realtime.connect(model="smollm2") as conn:
             await events_until(conn, "session.created")
-            await conn.session.update(session={"type": "realtime", "output_modalities": ["text"],
-                                               "audio": {"input": {"turn_detection": None}}})
+            await conn.session.update(
+                session={
+                    "type": "realtime",
+                    "output_modalities": ["text"],
+                    "audio": {"input": {"turn_detection": None}},
+                }
+            )
             updated = (await events_until(conn, "session.updated"))[-1]["session"]
             assert updated["audio"]["input"]["turn_detection"] is None
             assert updated["output_modalities"] == ["text"]
             speech = espeak_utterance(question, rate=WIRE)
             for i in range(0, len(speech), WIRE // 5):
-                await conn.input_audio_buffer.append(audio=b64(speech[i:i + WIRE // 5]))
+                await conn.input_audio_buffer.append(audio=b64(speech[i : i + WIRE // 5]))
             await conn.input_audio_buffer.commit()
             await conn.response.create()
             events = await events_until(conn, "response.done")
             kinds = types(events)
-            assert "input_audio_buffer.speech_started" not in kinds   # no server VAD in manual mode
+            assert "input_audio_buffer.speech_started" not in kinds  # no server VAD in manual mode
             committed = next(e for e in events if e["type"] == "input_audio_buffer.committed")
             final = next(e for e in events if e["type"] == "conversation.item.input_audio_transcription.completed")
             assert final["item_id"] == committed["item_id"]
@@ -240,6 +264,7 @@ async def test_response_cancel_stops_the_turn_and_the_session_goes_on(assistant)
 
 # ---- bad input ---------------------------------------------------------------------------------------------------
 
+
 async def test_bad_input_gets_clear_errors_and_the_session_survives(assistant):
     config = make_config(assistant)
     async with running(config, assistant) as url:
@@ -258,35 +283,62 @@ async def test_bad_input_gets_clear_errors_and_the_session_survives(assistant):
             assert (await error_for("[1, 2]"))["code"] == "invalid_json"
             err = await error_for(json.dumps({"type": "response.explode", "event_id": "e1"}))
             assert err["code"] == "unknown_event_type" and err["event_id"] == "e1"
-            assert "response.create" in err["message"]   # the message lists what is accepted
+            assert "response.create" in err["message"]  # the message lists what is accepted
             err = await error_for(json.dumps({"type": "input_audio_buffer.append", "audio": 12345}))
             assert err["code"] == "invalid_value" and err["param"] == "audio"
-            err = await error_for(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]}}))
+            err = await error_for(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": 5}]},
+                    }
+                )
+            )
             assert err["code"] == "invalid_value" and err["param"] == "item.content.0.text"
             err = await error_for(json.dumps({"type": "input_audio_buffer.append", "audio": "!!not base64!!"}))
             assert err["code"] == "invalid_audio" and "base64" in err["message"]
-            err = await error_for(json.dumps({"type": "input_audio_buffer.append",
-                                              "audio": base64.b64encode(b"\x01\x02\x03").decode()}))
+            err = await error_for(
+                json.dumps({"type": "input_audio_buffer.append", "audio": base64.b64encode(b"\x01\x02\x03").decode()})
+            )
             assert err["code"] == "invalid_audio" and "odd" in err["message"]
-            err = await error_for(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcmu"}}}}}))
-            assert err["code"] == "invalid_value" and "audio/pcm" in err["message"]
-            err = await error_for(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "audio": {"input": {"format": {"type": "audio/pcm", "rate": 16000}}}}}))
-            assert err["code"] == "invalid_value" and "24000" in err["message"]
-            err = await error_for(json.dumps({"type": "session.update", "session": {
-                "type": "realtime", "output_modalities": ["text", "audio"]}}))
-            assert err["code"] == "invalid_value"
+            err = await error_for(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {"type": "realtime", "audio": {"input": {"format": {"type": "audio/opus"}}}},
+                    }
+                )
+            )
+            assert err["code"] == "invalid_value" and "audio/pcmu" in err["message"]  # names the supported ones
+            err = await error_for(
+                json.dumps(
+                    {
+                        "type": "session.update",
+                        "session": {
+                            "type": "realtime",
+                            "audio": {"input": {"format": {"type": "audio/pcm", "rate": 11025}}},
+                        },
+                    }
+                )
+            )
+            assert err["code"] == "unsupported_audio_format" and "24000" in err["message"]
+            err = await error_for(json.dumps({"type": "response.create", "response": {"conversation": "none"}}))
+            assert err["code"] == "unsupported_parameter" and err["param"] == "response.conversation"
             assert (await error_for(b"\x00\x01binary"))["code"] == "binary_not_supported"
-            assert (await error_for(json.dumps({"type": "response.create"})))["code"] == "no_input"
             assert (await error_for(json.dumps({"type": "response.cancel"})))["code"] == "response_cancel_not_active"
-            assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"})))["code"] == \
-                "input_audio_buffer_commit_empty"
+            assert (await error_for(json.dumps({"type": "input_audio_buffer.commit"})))[
+                "code"
+            ] == "input_audio_buffer_commit_empty"
 
             # after all that, the same connection still answers a text turn
-            await ws.send(json.dumps({"type": "conversation.item.create", "item": {
-                "type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]}}))
+            await ws.send(
+                json.dumps(
+                    {
+                        "type": "conversation.item.create",
+                        "item": {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Hi."}]},
+                    }
+                )
+            )
             await ws.send(json.dumps({"type": "response.create", "response": {"output_modalities": ["text"]}}))
             while (event := json.loads(await asyncio.wait_for(ws.recv(), 150)))["type"] != "response.done":
                 pass
@@ -303,7 +355,7 @@ async def test_oversized_frame_closes_only_that_connection(assistant):
             with pytest.raises(ConnectionClosed) as closed:
                 while True:
                     await asyncio.wait_for(big.recv(), 10)
-            assert closed.value.rcvd.code == 1009   # message too big
+            assert closed.value.rcvd.code == 1009  # message too big
             await bystander.send(json.dumps({"type": "input_audio_buffer.clear"}))
             assert json.loads(await asyncio.wait_for(bystander.recv(), 10))["type"] == "input_audio_buffer.cleared"
 
@@ -326,8 +378,9 @@ async def test_token_is_required_when_configured(assistant):
             await asyncio.to_thread(urllib.request.urlopen, f"http://127.0.0.1:{port}/metrics", timeout=10)
         assert refused.value.code == 401
         refused.value.close()
-        request = urllib.request.Request(f"http://127.0.0.1:{port}/metrics",
-                                         headers={"Authorization": "Bearer s3cret-token"})
+        request = urllib.request.Request(
+            f"http://127.0.0.1:{port}/metrics", headers={"Authorization": "Bearer s3cret-token"}
+        )
         with await asyncio.to_thread(urllib.request.urlopen, request, timeout=10) as response:
             assert response.headers.get_all("Content-Type") == ["text/plain; version=1.0.0; charset=utf-8"]
             assert b"specvoice_sessions_opened_total" in response.read()
@@ -368,11 +421,16 @@ async def test_disconnect_mid_turn_leaks_nothing_and_others_keep_working(assista
             await events_until(other, "session.created")
             leaver = await sdk(url).realtime.connect(model="smollm2").enter()
             await events_until(leaver, "session.created")
-            await leaver.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Tell me about the ocean."}]})
+            await leaver.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me about the ocean."}],
+                }
+            )
             await leaver.response.create()
             await events_until(leaver, "response.output_audio_transcript.delta")
-            await leaver.close()   # gone in the middle of its reply
+            await leaver.close()  # gone in the middle of its reply
             events = await text_turn(other, "Hello there.", output_modalities=["text"])
             assert events[-1]["response"]["status"] == "completed"
         for _ in range(100):
@@ -397,11 +455,12 @@ async def test_speech_during_a_reply_is_a_barge_in(assistant):
             response_id = next(e for e in first if e["type"] == "response.created")["response"]["id"]
             await send_speech(conn, espeak_utterance("Stop. What is your name?", rate=WIRE))
             events: list[dict] = []
-            while not events or events[-1]["response"]["id"] == response_id:   # until the new reply is done
+            while not events or events[-1]["response"]["id"] == response_id:  # until the new reply is done
                 events += await events_until(conn, "response.done")
             kinds = types(events)
-            interrupted = next(e for e in events if e["type"] == "response.done"
-                               and e["response"]["id"] == response_id)["response"]
+            interrupted = next(
+                e for e in events if e["type"] == "response.done" and e["response"]["id"] == response_id
+            )["response"]
             assert interrupted["status"] == "cancelled"
             assert interrupted["status_details"]["reason"] == "turn_detected"
             assert "input_audio_buffer.speech_started" in kinds
@@ -423,12 +482,14 @@ async def test_truncate_after_a_barge_in_keeps_only_the_heard_words(assistant):
             await asyncio.sleep(3.0)  # by its own clock the server would now think ~3 s of the reply were heard
             question = espeak_utterance("Stop. What is your name?", rate=WIRE)
             for i in range(0, len(question), WIRE // 10):  # the interruption, without its trailing silence yet
-                await conn.input_audio_buffer.append(audio=b64(question[i:i + WIRE // 10]))
+                await conn.input_audio_buffer.append(audio=b64(question[i : i + WIRE // 10]))
             seen = await events_until(conn, "input_audio_buffer.speech_started")
-            generated = "".join(e["delta"] for e in first + seen
-                                if e["type"] == "response.output_audio_transcript.delta")
-            await conn.send({"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0,
-                             "audio_end_ms": 1000})
+            generated = "".join(
+                e["delta"] for e in first + seen if e["type"] == "response.output_audio_transcript.delta"
+            )
+            await conn.send(
+                {"type": "conversation.item.truncate", "item_id": item_id, "content_index": 0, "audio_end_ms": 1000}
+            )
             tr_events = await events_until(conn, "conversation.item.truncated")
             truncated = tr_events[-1]
             assert truncated["item_id"] == item_id and truncated["audio_end_ms"] == 1000
@@ -438,8 +499,9 @@ async def test_truncate_after_a_barge_in_keeps_only_the_heard_words(assistant):
             later: list[dict] = []
             while not later or later[-1]["response"]["id"] == first_id:  # the answer to the interruption
                 later += await events_until(conn, "response.done")
-            cut = next(e for e in seen + tr_events + later if e["type"] == "response.done"
-                       and e["response"]["id"] == first_id)["response"]
+            cut = next(
+                e for e in seen + tr_events + later if e["type"] == "response.done" and e["response"]["id"] == first_id
+            )["response"]
             by_clock = cut["output"][0]["content"][0]["transcript"]  # what the server's own clock said was heard
             heard = interrupted.outcome.heard_text(int(1.0 * assistant.tts_sample_rate))
             assert cut["status"] == "cancelled" and heard and generated.startswith(heard), (heard, generated)

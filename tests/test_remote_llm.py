@@ -71,8 +71,12 @@ def on_engine(assistant, base_url: str, tokenizer, **remote) -> Assistant:
 def spoken_words(assistant, events) -> str:
     """What the ReplyAudio events say, transcribed back by Whisper."""
     pcm = np.concatenate([e.samples for e in events if isinstance(e, ReplyAudio)])
-    return " ".join(w.text for w in assistant.stt.decode(resample(pcm, assistant.tts_sample_rate, SPEECH_RATE)
-                                                          .astype(np.float32) / 32768.0)).lower()
+    return " ".join(
+        w.text
+        for w in assistant.stt.decode(
+            resample(pcm, assistant.tts_sample_rate, SPEECH_RATE).astype(np.float32) / 32768.0
+        )
+    ).lower()
 
 
 class Timed(Recorder):
@@ -106,10 +110,14 @@ async def test_remote_reply_streams_tokens_into_the_voice_loop(assistant, server
     assert decoder["ttft_s"] > 0 and decoder["new_tokens"] >= len(deltas)
     assert "llm_first_token" in done.trace["marks_ms"] and "playback_start" in done.trace["marks_ms"]
     sent = server.requests()[-1]["messages"]
-    assert sent == [{"role": "system", "content": assistant.config.dialog.system_prompt},
-                    {"role": "user", "content": "What is the capital of France?"}]
-    assert session.history[1:] == [{"role": "user", "content": "What is the capital of France?"},
-                                    {"role": "assistant", "content": done.reply}]
+    assert sent == [
+        {"role": "system", "content": assistant.config.dialog.system_prompt},
+        {"role": "user", "content": "What is the capital of France?"},
+    ]
+    assert session.history[1:] == [
+        {"role": "user", "content": "What is the capital of France?"},
+        {"role": "assistant", "content": done.reply},
+    ]
     for _ in range(100):  # the server's counters are read after the reply, in the background
         if stats.server_spec is not None:
             break
@@ -134,14 +142,16 @@ async def test_barge_in_closes_the_request_on_the_server(assistant, server):
     assert cancel["tokens"] < 300, "the server stopped generating when the connection closed"
     assert cancel["t"] > speaking, "it was our barge-in that closed it"
     generated = "".join(e.text for e in rec.of(ReplyTextDelta))
-    assert generated.split()[:len(done.reply.split())] == done.reply.split()
+    assert generated.split()[: len(done.reply.split())] == done.reply.split()
     # the interrupting words become the next turn, and the server gets only what was heard of the first reply
     requests = len(server.requests())
     await mic.silence(1.0)
     await rec.wait_for(lambda e: isinstance(e, TranscriptFinal))
     sent = (await asyncio.to_thread(server.wait_for, "requests", requests + 1))[-1]["messages"]
-    assert done.reply and sent[1:3] == [{"role": "user", "content": STORY},
-                                        {"role": "assistant", "content": done.reply}]
+    assert done.reply and sent[1:3] == [
+        {"role": "user", "content": STORY},
+        {"role": "assistant", "content": done.reply},
+    ]
     await session.close()
     sink.close()
 
@@ -163,8 +173,9 @@ async def test_trim_to_heard_across_turns(assistant, server):
 async def test_server_down_speaks_an_apology_and_the_next_turn_retries(assistant, model_dir, tokenizer):
     port = free_port()  # nothing listens here yet
     rec = Recorder()
-    session = on_engine(assistant, f"http://127.0.0.1:{port}/v1", tokenizer, retries=1,
-                        first_token_timeout_s=60.0).session(rec)
+    session = on_engine(
+        assistant, f"http://127.0.0.1:{port}/v1", tokenizer, retries=1, first_token_timeout_s=60.0
+    ).session(rec)
     await session.ask("Hello, are you there?")
     error = rec.of(TurnError)[0]
     assert error.stage == "llm" and f"127.0.0.1:{port}" in error.message and "fix:" in error.message
@@ -207,8 +218,11 @@ async def test_slow_first_token_times_out_with_an_apology(assistant, server, tok
     # a busy server: another client's long generation holds transformers serve's one generation thread
     other = AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0)
     busy = await other.chat.completions.create(
-        model=server.model, messages=[{"role": "user", "content": "Count to ten thousand."}], stream=True,
-        extra_body={"generation_config": json.dumps({"max_new_tokens": 5000, "min_new_tokens": 5000})})
+        model=server.model,
+        messages=[{"role": "user", "content": "Count to ten thousand."}],
+        stream=True,
+        extra_body={"generation_config": json.dumps({"max_new_tokens": 5000, "min_new_tokens": 5000})},
+    )
     while not ((chunk := await anext(busy)).choices and chunk.choices[0].delta.content):
         pass  # until its generation runs
     cancels = len(server.cancels())
@@ -249,13 +263,14 @@ class FakeBusyServer:
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = (await reader.readuntil(b"\r\n\r\n")).decode().lower()
-        length = next((int(line.split(":")[1]) for line in head.split("\r\n") if line.startswith("content-length:")),
-                      0)
+        length = next((int(line.split(":")[1]) for line in head.split("\r\n") if line.startswith("content-length:")), 0)
         await reader.readexactly(length)  # all of it: closing on unread bytes would reset the connection
         self.requests += 1
         body = b'{"error": {"message": "too many requests", "type": "rate_limit_exceeded"}}'
-        writer.write(b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 0\r\n"
-                     b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+        writer.write(
+            b"HTTP/1.1 429 Too Many Requests\r\nContent-Type: application/json\r\nRetry-After: 0\r\n"
+            b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body)
+        )
         await writer.drain()
         writer.close()
 
@@ -263,8 +278,9 @@ class FakeBusyServer:
 async def test_429_is_retried_before_the_first_token_then_spoken(assistant, tokenizer):
     async with FakeBusyServer() as busy:
         rec = Recorder()
-        session = on_engine(assistant, f"http://127.0.0.1:{busy.port}/v1", tokenizer, model="smollm2",
-                            retries=2).session(rec)
+        session = on_engine(
+            assistant, f"http://127.0.0.1:{busy.port}/v1", tokenizer, model="smollm2", retries=2
+        ).session(rec)
         await session.ask("Hello?")
     error = rec.of(TurnError)[0]
     assert busy.requests == 3 and error.stage == "llm" and "429" in error.message
@@ -277,13 +293,15 @@ def test_history_is_trimmed_to_history_tokens_with_and_without_a_tokenizer(token
     for tok in (tokenizer, None):
         conversation = RemoteEngine(RemoteSettings("http://127.0.0.1:9/v1"), tok).conversation("Be brief.", 120)
         for i in range(8):
-            conversation.messages += [{"role": "user", "content": f"Question number {i} about the weather?"},
-                                      {"role": "assistant", "content": f"Answer number {i}: it will be sunny."}]
+            conversation.messages += [
+                {"role": "user", "content": f"Question number {i} about the weather?"},
+                {"role": "assistant", "content": f"Answer number {i}: it will be sunny."},
+            ]
         full = conversation.messages + [{"role": "user", "content": "And tomorrow?"}]
         kept = conversation._fit_history(full)
         assert kept[0]["role"] == "system" and kept[-1]["content"] == "And tomorrow?"
         first = len(full) - (len(kept) - 1)  # where the kept exchanges start in the full history
-        assert conversation.count_tokens(kept) <= 120 < conversation.count_tokens(full[:1] + full[first - 2:])
+        assert conversation.count_tokens(kept) <= 120 < conversation.count_tokens(full[:1] + full[first - 2 :])
         assert "Question number 7" in kept[-3]["content"], "the newest exchanges stay"
     exact = RemoteEngine(RemoteSettings("http://127.0.0.1:9/v1"), tokenizer).conversation("Be brief.")
     assert exact.count_tokens(exact.messages) == len(exact.prompt_ids())

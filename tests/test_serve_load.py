@@ -17,20 +17,25 @@ import time
 import numpy as np
 import psutil
 import pytest
-from serving import serving
-from broker import free_port
 from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance
 
+from broker import free_port
+from serving import serving
+
 SESSIONS, TURNS = 8, 5
 WIRE = 24000
-QUESTIONS = ["What is the capital of France?", "How are you today?", "Tell me a short joke.",
-             "What color is the sky?", "Name a big animal."]
+QUESTIONS = [
+    "What is the capital of France?",
+    "How are you today?",
+    "Tell me a short joke.",
+    "What color is the sky?",
+    "Name a big animal.",
+]
 
 pytestmark = pytest.mark.big
-
 
 
 @contextlib.asynccontextmanager
@@ -53,7 +58,7 @@ async def converse(url: str, speech: list[np.ndarray], rss: list[int], results: 
             step = WIRE // 10
             speech_end = None
             for i in range(0, len(audio), step):
-                await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i:i + step].tobytes()).decode())
+                await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step].tobytes()).decode())
                 if speech_end is None and i + step >= len(samples):
                     speech_end = time.monotonic()
                 await asyncio.sleep(0.1)
@@ -97,8 +102,9 @@ async def test_eight_sessions_five_spoken_turns_each(small_config, capsys):
     started = time.monotonic()
     async with running(config, assistant):
         async with asyncio.timeout(1500):
-            await asyncio.gather(*(converse(url, speech[s % TURNS:] + speech[:s % TURNS], rss, results)
-                                   for s in range(SESSIONS)))
+            await asyncio.gather(
+                *(converse(url, speech[s % TURNS :] + speech[: s % TURNS], rss, results) for s in range(SESSIONS))
+            )
     wall = time.monotonic() - started
     failed = [r for r in results if r.get("status") != "completed"]
     with capsys.disabled():
@@ -117,15 +123,23 @@ async def test_eight_sessions_five_spoken_turns_each(small_config, capsys):
     server = [r["server_v2v_ms"] for r in results if r.get("server_v2v_ms") is not None]
     with capsys.disabled():
         print(f"\nload: {SESSIONS} sessions x {TURNS} spoken turns, {wall:.0f} s wall, all {len(results)} answered")
-        print(f"  client voice-to-voice ms: p50 {percentile(client, 0.5):.0f}  p95 {percentile(client, 0.95):.0f}"
-              f"  mean {statistics.mean(client):.0f}  max {max(client):.0f}")
+        print(
+            f"  client voice-to-voice ms: p50 {percentile(client, 0.5):.0f}  p95 {percentile(client, 0.95):.0f}"
+            f"  mean {statistics.mean(client):.0f}  max {max(client):.0f}"
+        )
         if server:
-            print(f"  server trace voice_to_voice ms: p50 {percentile(server, 0.5):.0f}  "
-                  f"p95 {percentile(server, 0.95):.0f}")
+            print(
+                f"  server trace voice_to_voice ms: p50 {percentile(server, 0.5):.0f}  "
+                f"p95 {percentile(server, 0.95):.0f}"
+            )
         replies = [r["reply_total_ms"] for r in results if r.get("reply_total_ms") is not None]
         if replies:
-            print(f"  server trace reply_total ms: p50 {percentile(replies, 0.5):.0f}  "
-                  f"p95 {percentile(replies, 0.95):.0f}  max {max(replies):.0f}")
-        print(f"  RSS MB: before {rss_start / 2**20:.0f}, after round 1 {first_round / 2**20:.0f}, "
-              f"after round {TURNS} {last_round / 2**20:.0f}")
+            print(
+                f"  server trace reply_total ms: p50 {percentile(replies, 0.5):.0f}  "
+                f"p95 {percentile(replies, 0.95):.0f}  max {max(replies):.0f}"
+            )
+        print(
+            f"  RSS MB: before {rss_start / 2**20:.0f}, after round 1 {first_round / 2**20:.0f}, "
+            f"after round {TURNS} {last_round / 2**20:.0f}"
+        )
     await assistant.close()

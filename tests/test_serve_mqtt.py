@@ -8,12 +8,12 @@ import json
 import urllib.request
 
 import pytest
-from broker import free_port, Broker, Home
-from serving import sdk
 
 from voice.assistant import Assistant
 from voice.server import serve
 
+from broker import Broker, Home, free_port
+from serving import sdk
 
 
 def scrape(port: int) -> str:
@@ -44,10 +44,16 @@ async def test_mqtt_and_websocket_served_together(assistant, tmp_path):
             url = f"ws://127.0.0.1:{config.server.port}/v1"
             async with sdk(url).realtime.connect(model="smollm2") as conn:
                 assert json.loads(await conn.recv_bytes())["type"] == "session.created"
-                await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                    {"type": "input_text", "text": "Hello, who are you?"}]})
-                await home.publish("specvoice/ask", json.dumps({"text": "What is two plus two?", "id": "q1",
-                                                                "speak": False}))
+                await conn.conversation.item.create(
+                    item={
+                        "type": "message",
+                        "role": "user",
+                        "content": [{"type": "input_text", "text": "Hello, who are you?"}],
+                    }
+                )
+                await home.publish(
+                    "specvoice/ask", json.dumps({"text": "What is two plus two?", "id": "q1", "speak": False})
+                )
                 await conn.response.create(response={"output_modalities": ["text"]})
                 async with asyncio.timeout(150):
                     while (event := json.loads(await conn.recv_bytes()))["type"] != "response.done":
@@ -56,9 +62,10 @@ async def test_mqtt_and_websocket_served_together(assistant, tmp_path):
                 answer = await home.wait_for("specvoice/answer", timeout=150)
                 assert answer["id"] == "q1" and answer["reply"].strip()
             metrics = await asyncio.to_thread(scrape, config.server.port)
-            turns = sum(float(line.split()[-1]) for line in metrics.splitlines()
-                        if line.startswith("specvoice_turns_total{"))
-            assert turns >= 2   # the websocket turn and the MQTT turn
+            turns = sum(
+                float(line.split()[-1]) for line in metrics.splitlines() if line.startswith("specvoice_turns_total{")
+            )
+            assert turns >= 2  # the websocket turn and the MQTT turn
         finally:
             server.cancel()
             await asyncio.gather(server, return_exceptions=True)

@@ -6,10 +6,11 @@ import types
 import numpy as np
 import pytest
 
-from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
 from voice.config import STTConfig, load_config
 from voice.models import ModelError, resolve
-from voice.stt import SpeechToText
+from voice.stt import SpeechToText, Word
+
+from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
 
 WER_BOUND_TINY = 0.10  # aggregate over 12 utterances; measured 0.0-0.03 on this machine
 WER_BOUND_BASE = 0.10
@@ -25,7 +26,7 @@ async def stream_through(stt, audio, partial_every_s=0.6, block=320):
     stream = stt.stream()
     partials = []
     for i in range(0, len(audio), block):
-        stream.add(audio[i:i + block])
+        stream.add(audio[i : i + block])
         if (i + block) % int(16000 * partial_every_s) < block:
             text = await stream.partial()
             if text is not None:
@@ -58,7 +59,7 @@ async def test_partials_are_prefixes_in_progress_of_the_final(stt):
     assert any(committed) and len(committed[-1]) < len(final_words) + 1
     for words in committed:
         assert final_words[: len(words)] == words  # committed words never change
-    for a, b in zip(committed, committed[1:]):
+    for a, b in zip(committed, committed[1:], strict=False):
         assert b[: len(a)] == a  # and only grow
     assert wer("Remind me to call my mother tomorrow morning about the party.", final) <= 0.1
 
@@ -76,10 +77,63 @@ async def test_final_reuses_the_last_pass_when_only_silence_followed(stt):
     stream2 = stt.stream()
     stream2.add(speech[: len(speech) // 2])
     await stream2.partial()
-    stream2.add(speech[len(speech) // 2:])  # new speech after the last pass: it must be decoded
+    stream2.add(speech[len(speech) // 2 :])  # new speech after the last pass: it must be decoded
     passes = stt.passes
     assert wer("Play some quiet music in the living room.", await stream2.final()) == 0.0
     assert stt.passes == passes + 1
+
+
+def committed_stream(stt, *words: tuple[str, float, float]):
+    """A stream whose committed words are ``words`` (text, start, end), as two agreeing passes would leave it."""
+    stream = stt.stream()
+    stream._committed = [Word(text, start, end) for text, start, end in words]
+    return stream
+
+
+def test_a_pass_that_reads_the_start_differently_keeps_the_words_after_the_committed_ones(stt):
+    stream = committed_stream(stt, (" What", 0.0, 0.3), (" is", 0.3, 0.5), (" the", 0.5, 0.7))
+    # the new pass merges the first two words and puts the rest a little earlier than the earlier passes did
+    new = [
+        Word(" What's", 0.0, 0.45),
+        Word(" the", 0.45, 0.6),
+        Word(" capital", 0.6, 1.0),
+        Word(" of", 1.0, 1.1),
+        Word(" France?", 1.1, 1.5),
+    ]
+    assert [w.text for w in stream._after_committed(new)] == [" capital", " of", " France?"]
+    # no copy of the committed ending: by time, never doubling a word
+    assert [w.text for w in stream._after_committed([Word(" Whats", 0.0, 0.5), Word(" capital", 0.66, 1.0)])] == [
+        " capital"
+    ]
+
+
+def test_the_words_before_a_pause_leave_out_what_whisper_invents_in_the_silence(stt):
+    stream = committed_stream(stt, (" Set", 0.0, 0.4), (" a", 0.4, 0.5), (" timer", 0.5, 0.9))
+    stream._previous = [Word(" for", 0.9, 1.1), Word(" it.", 1.2, 1.3)]
+    assert stream.text == "Set a timer for it."
+    assert stream.text_before(1.15) == "Set a timer for"
+
+
+async def test_partials_and_finals_decode_with_their_own_beam(small_config):
+    settings = STTConfig(**{**small_config.stt.model_dump(), "beam_size": 3, "partial_beam_size": 1})
+    stt = SpeechToText(resolve(small_config.models.stt, "stt"), settings)
+    beams: list[int | None] = []
+    decode = stt.decode
+
+    def recording_decode(audio, prompt=None, beam_size=None):  # the real decode, with its beam noted
+        beams.append(beam_size or stt.settings.beam_size)
+        return decode(audio, prompt, beam_size)
+
+    stt.decode = recording_decode  # type: ignore[method-assign]
+    speech = espeak("Play some quiet music in the living room.")
+    stream = stt.stream()
+    stream.add(speech[: len(speech) // 2])
+    await stream.partial()
+    stream.add(speech[len(speech) // 2 :])
+    await stream.partial(final_beam=True)  # the pass at a pause: it may become the final
+    stream.add(speech[:4000])  # more speech: the final needs its own pass
+    await stream.final()
+    assert beams == [1, 3, 3]
 
 
 async def test_no_new_audio_gives_no_partial(stt):
@@ -110,9 +164,14 @@ def test_hallucination_filter_keeps_real_thanks():
 
 
 async def test_long_utterance_is_trimmed_at_sentence_ends_and_stays_whole(stt):
-    sentences = ["Turn on the lights in the kitchen.", "What is the weather like today?",
-                 "Remind me to call my mother tomorrow morning.", "Play some quiet music in the living room.",
-                 "How far is the moon from the earth?", "Please set a timer for the pasta."]
+    sentences = [
+        "Turn on the lights in the kitchen.",
+        "What is the weather like today?",
+        "Remind me to call my mother tomorrow morning.",
+        "Play some quiet music in the living room.",
+        "How far is the moon from the earth?",
+        "Please set a timer for the pasta.",
+    ]
     audio = np.concatenate([np.concatenate([espeak(s), silence(350)]) for s in sentences])
     assert len(audio) / 16000 > 14
     stream, partials, final = await stream_through(stt, audio, partial_every_s=2.0)

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from audio.resample import resample
-from speech import wer
 from voice.chunker import Chunker
 from voice.models import ModelError, Resolved, resolve
 from voice.stt import SpeechToText
 from voice.tts import TextToSpeech
+
+from speech import wer
 
 
 @pytest.fixture(scope="module")

@@ -62,11 +62,11 @@ def play(audio, vad, policy, smart=None, stt=None):
     step and its stream time, or (None, None)."""
     vad.reset()
     for i in range(0, len(audio) - BLOCK + 1, BLOCK):
-        vad.process(AudioChunk(audio[i:i + BLOCK], RATE, i / RATE))
+        vad.process(AudioChunk(audio[i : i + BLOCK], RATE, i / RATE))
         t = (i + BLOCK) / RATE
         step = policy.observe(t, vad.speaking and vad.pause_since is None, vad.pause_since)
         if step.action is TurnAction.ASK:
-            heard = audio[:i + BLOCK]
+            heard = audio[: i + BLOCK]
             text = None
             if stt is not None:  # the words that start before the pause (none invented in the silence)
                 words = stt.decode(heard.astype(np.float32) / 32768, TRANSCRIPT_PROMPT)
@@ -78,6 +78,7 @@ def play(audio, vad, policy, smart=None, stt=None):
 
 
 # ---- on real audio ---------------------------------------------------------------------------------------------
+
 
 def test_a_complete_question_ends_after_the_short_silence(vad, smart, tiny):
     audio, spans = spoken("What is the weather like in Paris?")
@@ -129,14 +130,21 @@ def test_probability_separates_finished_from_unfinished_speech(smart):
 
 # ---- features and model provisioning --------------------------------------------------------------------------
 
+
 def test_features_match_whisper_feature_extractor():
     from transformers import WhisperFeatureExtractor
 
     audio = np.concatenate([JOE.speak("Open the garage door."), np.zeros(3200, np.int16)])
     window = model_window(audio)
     reference = WhisperFeatureExtractor(chunk_length=8)(
-        window, sampling_rate=RATE, return_tensors="np", padding="max_length", max_length=len(window),
-        truncation=True, do_normalize=True).input_features[0]
+        window,
+        sampling_rate=RATE,
+        return_tensors="np",
+        padding="max_length",
+        max_length=len(window),
+        truncation=True,
+        do_normalize=True,
+    ).input_features[0]
     ours = log_mel(window)
     assert ours.shape == reference.shape == (80, 800)
     assert np.abs(ours - reference).max() < 1e-3
@@ -173,6 +181,7 @@ def test_config_section_maps_onto_the_policy_settings():
 
 # ---- the policy's rules, on a synthetic clock -----------------------------------------------------------------
 
+
 def feed(policy, start, end, speech, step_s=0.02):
     """Observe blocks from ``start`` to ``end`` (seconds); return the non-WAIT steps with their times."""
     out = []
@@ -188,7 +197,7 @@ def test_policy_asks_once_after_min_silence_and_ends_on_complete():
     policy = EndOfTurnPolicy(TurnSettings(min_silence_ms=200, max_silence_ms=1000, reask_ms=0))
     assert feed(policy, 0.0, 1.0, False) == []  # silence before any speech: nothing to end
     assert feed(policy, 1.0, 2.0, True) == []
-    (t, ask), = feed(policy, 2.0, 2.3, False)
+    ((t, ask),) = feed(policy, 2.0, 2.3, False)
     assert ask.action is TurnAction.ASK and t == pytest.approx(2.2) and ask.silence_s == pytest.approx(0.2)
     end = policy.verdict(ask.ask_id, 0.9, 2.25)
     assert end.action is TurnAction.END and end.reason == "complete" and end.silence_s == pytest.approx(0.25)
@@ -206,18 +215,22 @@ def test_policy_waits_for_max_silence_after_incomplete_and_reasks():
             assert policy.verdict(step.ask_id, 0.1, t).reason == "incomplete"
         if step.action is not TurnAction.WAIT:
             steps.append((round(t, 2), step.action, step.reason))
-    assert steps == [(1.2, TurnAction.ASK, ""), (1.5, TurnAction.ASK, ""), (1.8, TurnAction.ASK, ""),
-                     (2.0, TurnAction.END, "max_silence")]
+    assert steps == [
+        (1.2, TurnAction.ASK, ""),
+        (1.5, TurnAction.ASK, ""),
+        (1.8, TurnAction.ASK, ""),
+        (2.0, TurnAction.END, "max_silence"),
+    ]
 
 
 def test_a_late_answer_about_an_ended_pause_is_ignored():
     policy = EndOfTurnPolicy(TurnSettings(min_silence_ms=200, max_silence_ms=1000))
     feed(policy, 0.0, 1.0, True)
-    (_, ask), = feed(policy, 1.0, 1.2, False)
+    ((_, ask),) = feed(policy, 1.0, 1.2, False)
     assert feed(policy, 1.2, 1.4, False) == []  # one question at a time
     feed(policy, 1.4, 1.6, True)  # the user goes on while the model runs
     assert policy.verdict(ask.ask_id, 0.99, 1.61).action is TurnAction.WAIT
-    (_, again), = feed(policy, 1.6, 1.8, False)
+    ((_, again),) = feed(policy, 1.6, 1.8, False)
     assert again.ask_id != ask.ask_id
     assert policy.verdict(again.ask_id, 0.99, 1.81).action is TurnAction.END
 
@@ -250,7 +263,11 @@ def test_transcript_rule():
 
 
 def test_settings_are_checked():
-    for bad in ({"engine": "magic"}, {"threshold": 1.0}, {"min_silence_ms": 900, "max_silence_ms": 800},
-                {"reask_ms": -1}):
+    for bad in (
+        {"engine": "magic"},
+        {"threshold": 1.0},
+        {"min_silence_ms": 900, "max_silence_ms": 800},
+        {"reask_ms": -1},
+    ):
         with pytest.raises(ValueError):
             TurnSettings(**bad)

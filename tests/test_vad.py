@@ -6,8 +6,9 @@ import pytest
 
 from audio.frames import AudioChunk
 from audio.vad import Vad
-from speech import espeak, piper, silence, voiced_bounds
 from voice.models import resolve
+
+from speech import espeak, piper, silence, voiced_bounds
 
 TOLERANCE = 0.150
 
@@ -20,7 +21,7 @@ def silero_path():
 def run_vad(vad, signal, block=320, t0=100.0):
     events = []
     for i in range(0, len(signal), block):
-        events += vad.process(AudioChunk(signal[i:i + block], 16000, t0 + i / 16000))
+        events += vad.process(AudioChunk(signal[i : i + block], 16000, t0 + i / 16000))
     return events
 
 
@@ -69,7 +70,7 @@ def test_preroll_holds_the_first_syllable_and_the_stream_continues_seamlessly(si
     vad = make("silero", silero_path, preroll_ms=300, min_speech_ms=200)
     collected, started = [], False
     for i in range(0, len(signal), 320):
-        chunk = AudioChunk(signal[i:i + 320], 16000, i / 16000)
+        chunk = AudioChunk(signal[i : i + 320], 16000, i / 16000)
         if started:
             collected.append(chunk.samples)
         for event in vad.process(chunk):
@@ -79,7 +80,7 @@ def test_preroll_holds_the_first_syllable_and_the_stream_continues_seamlessly(si
                 begin = round((event.t - 0.3) * 16000)
     heard = np.concatenate(collected)
     # what the pipeline collects is the signal from 300 ms before the start, with no gap and no repeat
-    np.testing.assert_array_equal(heard, signal[begin:begin + len(heard)])
+    np.testing.assert_array_equal(heard, signal[begin : begin + len(heard)])
     assert begin <= int(16000 * voiced_bounds(signal)[0]) - 16000 * 0.15  # the first syllable is inside
 
 
@@ -92,7 +93,10 @@ def test_silence_and_noise_give_no_events(silero_path):
 
 def test_min_speech_ignores_a_click(silero_path):
     click = (np.sin(np.arange(800) / 3) * 20000).astype(np.int16)  # 50 ms burst
-    assert run_vad(make("silero", silero_path, min_speech_ms=200), np.concatenate([silence(500), click, silence(800)])) == []
+    assert (
+        run_vad(make("silero", silero_path, min_speech_ms=200), np.concatenate([silence(500), click, silence(800)]))
+        == []
+    )
 
 
 def test_reset_and_bad_input(silero_path, tmp_path):

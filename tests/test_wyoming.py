@@ -34,8 +34,10 @@ from broker import free_port
 from serving import serving
 
 # long enough (about 9 s) for several partial passes while it streams, even on a busy CPU
-SENTENCE = ("The quick brown fox jumps over the lazy dog near the quiet river bank. "
-            "Then it runs home through the green forest before the rain starts.")
+SENTENCE = (
+    "The quick brown fox jumps over the lazy dog near the quiet river bank. "
+    "Then it runs home through the green forest before the rain starts."
+)
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +45,6 @@ def assistant(small_config):
     config = small_config.model_copy(deep=True)
     config.llm.max_new_tokens = 24
     return Assistant.load_sync(config)
-
 
 
 def make_config(assistant, **limits):
@@ -119,7 +120,7 @@ async def test_transcribe_a_wav_with_streaming_chunks(assistant, spoken_wav):
                 await client.write_event(AudioStart(rate=rate, width=2, channels=1).event())
                 for chunk in wav_to_chunks(wav, samples_per_chunk=chunk_samples):
                     await client.write_event(chunk.event())
-                    await asyncio.sleep(0.1)      # real time: the words should stream before the audio ends
+                    await asyncio.sleep(0.1)  # real time: the words should stream before the audio ends
             stop_sent = time.monotonic()
             await client.write_event(AudioStop().event())
             await asyncio.wait_for(reading, 60)
@@ -153,7 +154,7 @@ async def test_streaming_synthesis_speaks_each_sentence_once(assistant):
             await client.write_event(SynthesizeStart().event())
             for part in parts:
                 await client.write_event(SynthesizeChunk(part).event())
-            await client.write_event(Synthesize("".join(parts)).event())   # the compatibility copy: ignored
+            await client.write_event(Synthesize("".join(parts)).event())  # the compatibility copy: ignored
             await client.write_event(SynthesizeStop().event())
             events = await read_until(client, "synthesize-stopped")
     kinds = [e.type for e in events]
@@ -161,7 +162,7 @@ async def test_streaming_synthesis_speaks_each_sentence_once(assistant):
     assert kinds.index("audio-stop") < kinds.index("synthesize-stopped")
     pcm, rate = pcm_of(events)
     heard = await assistant.stt.transcribe(resample(pcm, rate, 16000))
-    assert wer("".join(parts), heard) <= 0.3, heard   # spoken once, not twice
+    assert wer("".join(parts), heard) <= 0.3, heard  # spoken once, not twice
 
 
 async def test_handle_streams_the_reply(assistant):
@@ -181,6 +182,7 @@ async def test_bad_input_gets_error_events_and_others_keep_working(assistant):
     config = make_config(assistant, server__max_message_bytes=64 * 1024, server__max_turn_audio_s=1.0)
     async with running(config, assistant) as port:
         async with AsyncTcpClient("127.0.0.1", port) as bystander, AsyncTcpClient("127.0.0.1", port) as client:
+
             async def error_for(*events: Event) -> Error:
                 for event in events:
                     await client.write_event(event)
@@ -195,8 +197,10 @@ async def test_bad_input_gets_error_events_and_others_keep_working(assistant):
             err = await error_for(AudioStart(16000, 2, 1).event(), AudioChunk(16000, 2, 1, b"\0" * 333).event())
             assert err.code == "bad_audio_format" and "frames" in err.text
             two_seconds = np.zeros(32000, np.int16).tobytes()
-            err = await error_for(AudioChunk(16000, 2, 1, two_seconds[:20000]).event(),
-                                  AudioChunk(16000, 2, 1, two_seconds[20000:]).event())
+            err = await error_for(
+                AudioChunk(16000, 2, 1, two_seconds[:20000]).event(),
+                AudioChunk(16000, 2, 1, two_seconds[20000:]).event(),
+            )
             assert err.code == "audio_too_long" and "max_turn_audio_s" in err.text
             # an oversized event: an error naming the limit, then this connection ends
             err = await error_for(AudioChunk(16000, 2, 1, b"\0" * (128 * 1024)).event())
@@ -235,7 +239,7 @@ async def test_client_gone_mid_request_leaks_no_session(assistant):
         await client.connect()
         await client.write_event(Transcript("Tell me a story about the sea.").event())
         assert (await read_until(client, "handled-chunk"))[-1].type == "handled-chunk"
-        await client.disconnect()                      # gone in the middle of the reply
+        await client.disconnect()  # gone in the middle of the reply
         async with AsyncTcpClient("127.0.0.1", port) as other:
             await other.write_event(Synthesize("Still here.").event())
             assert (await read_until(other, "audio-stop"))[-1].type == "audio-stop"
@@ -254,8 +258,9 @@ async def handle(port: int, text: str, conversation_id: str | None = None) -> li
 
 def histories_with(assistant, words: str) -> list[list[dict]]:
     """The histories of the open sessions that contain ``words`` in a user message."""
-    return [s.history for s in assistant._sessions
-            if any(m["role"] == "user" and words in m["content"] for m in s.history)]
+    return [
+        s.history for s in assistant._sessions if any(m["role"] == "user" and words in m["content"] for m in s.history)
+    ]
 
 
 async def test_a_conversation_id_keeps_its_history_across_connections(assistant):
@@ -265,12 +270,12 @@ async def test_a_conversation_id_keeps_its_history_across_connections(assistant)
         other = await handle(port, "What is my name? Answer with just my name.", "conversation-2")
         [history] = histories_with(assistant, "My name is Ada.")
         assert [m["role"] for m in history[-4:]] == ["user", "assistant", "user", "assistant"]
-        assert "What is my name?" in history[-2]["content"]   # the second turn saw the first
-        assert len(histories_with(assistant, "What is my name?")) == 2   # the other id: a history of its own
+        assert "What is my name?" in history[-2]["content"]  # the second turn saw the first
+        assert len(histories_with(assistant, "What is my name?")) == 2  # the other id: a history of its own
         remembered, forgot = Handled.from_event(same[-2]), Handled.from_event(other[-2])
         assert remembered.context == {"conversation_id": "conversation-1"}
         assert "Ada" in remembered.text and "Ada" not in forgot.text, (remembered.text, forgot.text)
-    assert not histories_with(assistant, "My name is Ada.")   # closed with the server
+    assert not histories_with(assistant, "My name is Ada.")  # closed with the server
 
 
 async def test_conversations_are_bounded_in_count_and_age(assistant):
@@ -279,8 +284,8 @@ async def test_conversations_are_bounded_in_count_and_age(assistant):
         for n in (1, 2, 3):
             await handle(port, f"Remember the number {n}.", f"c{n}")
         remembered = [n for n in (1, 2, 3) if histories_with(assistant, f"the number {n}.")]
-        assert remembered == [2, 3]   # the least recently used one made room
-        await asyncio.sleep(1.5)       # longer than conversation_idle_s
+        assert remembered == [2, 3]  # the least recently used one made room
+        await asyncio.sleep(1.5)  # longer than conversation_idle_s
         await handle(port, "Remember the number 4.", "c4")
         assert [n for n in (1, 2, 3, 4) if histories_with(assistant, f"the number {n}.")] == [4]
 
@@ -322,24 +327,27 @@ async def raw_exchange(port: int, data: bytes, timeout: float = 30.0) -> list[Ev
     return out
 
 
-@pytest.mark.parametrize("line, problem", [
-    (b"[1]\n", "must be a JSON object"),
-    (b'{"type": 5}\n', '"type" string'),
-    (b'{"type": "describe", "data_length": "x"}\n', '"data_length" must be a whole number'),
-    (b'{"type": "describe", "payload_length": -1}\n', '"payload_length" must be a whole number'),
-    (b"[" * 100000 + b"\n", "too long"),
-    (b"[" * 5000 + b"\n", "not valid UTF-8 JSON"),
-    (b'{"type": "describe", "data_length": 3}\n[1]', "must be a JSON object"),
-    (b'{"type": "describe", "data": "text"}\n', '"data" in the header'),
-    (b"\xff\xfe\n", "not valid UTF-8 JSON"),
-])
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        (b"[1]\n", "must be a JSON object"),
+        (b'{"type": 5}\n', '"type" string'),
+        (b'{"type": "describe", "data_length": "x"}\n', '"data_length" must be a whole number'),
+        (b'{"type": "describe", "payload_length": -1}\n', '"payload_length" must be a whole number'),
+        (b"[" * 100000 + b"\n", "too long"),
+        (b"[" * 5000 + b"\n", "not valid UTF-8 JSON"),
+        (b'{"type": "describe", "data_length": 3}\n[1]', "must be a JSON object"),
+        (b'{"type": "describe", "data": "text"}\n', '"data" in the header'),
+        (b"\xff\xfe\n", "not valid UTF-8 JSON"),
+    ],
+)
 async def test_a_broken_header_gets_an_error_and_the_connection_closes(assistant, line, problem):
     async with running(make_config(assistant), assistant) as port:
         events = await raw_exchange(port, line)
         assert [e.type for e in events] == ["error"]
         error = Error.from_event(events[0])
         assert error.code in ("bad_header", "message_too_big") and problem in error.text, error
-        async with AsyncTcpClient("127.0.0.1", port) as client:   # the server goes on
+        async with AsyncTcpClient("127.0.0.1", port) as client:  # the server goes on
             await client.write_event(Describe().event())
             assert (await read_until(client, "info"))[-1].type == "info"
 
@@ -349,7 +357,7 @@ async def test_an_event_that_stops_arriving_is_cut_off(assistant):
     async with running(config, assistant) as port:
         chunk = b'{"type": "audio-chunk", "data": {"rate": 16000, "width": 2, "channels": 1}, "payload_length": 640}\n'
         data = b'{"type": "synthesize", "data_length": 40}\n{"text": '
-        for partial in (chunk + b"\0" * 100, data, b'{"type": "desc'):   # inside the payload, the data, the header
+        for partial in (chunk + b"\0" * 100, data, b'{"type": "desc'):  # inside the payload, the data, the header
             events = await raw_exchange(port, partial)
             error = Error.from_event(events[-1])
             assert error.code == "read_timeout" and "wyoming.read_timeout_s" in error.text
@@ -359,20 +367,20 @@ async def test_a_client_that_stops_reading_is_dropped(assistant):
     config = make_config(assistant, wyoming__write_timeout_s=1.0)
     async with running(config, assistant) as port:
         sock = socket.socket()
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)   # fills after a few audio chunks
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # fills after a few audio chunks
         sock.connect(("127.0.0.1", port))
         reader, writer = await asyncio.open_connection(sock=sock)
         await async_write_event(Synthesize("The quick brown fox jumps over the lazy dog. " * 40).event(), writer)
-        async with asyncio.timeout(60):   # read nothing for longer than write_timeout_s: the slot comes back
-            while "wyoming\"} 0.0" not in await asyncio.to_thread(sessions_gauge, config.server.port):
+        async with asyncio.timeout(60):  # read nothing for longer than write_timeout_s: the slot comes back
+            while 'wyoming"} 0.0' not in await asyncio.to_thread(sessions_gauge, config.server.port):
                 await asyncio.sleep(0.2)
         kinds = []
-        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):   # the server aborted it
+        with contextlib.suppress(ConnectionError, asyncio.IncompleteReadError):  # the server aborted it
             async with asyncio.timeout(30):
                 while (event := await async_read_event(reader)) is not None:
                     kinds.append(event.type)
         writer.close()
-        assert "audio-stop" not in kinds   # cut off, not finished
+        assert "audio-stop" not in kinds  # cut off, not finished
         async with AsyncTcpClient("127.0.0.1", port) as client:
             await client.write_event(Describe().event())
             assert (await read_until(client, "info"))[-1].type == "info"
@@ -381,5 +389,6 @@ async def test_a_client_that_stops_reading_is_dropped(assistant):
 def sessions_gauge(port: int) -> str:
     """The specvoice_sessions lines of /metrics."""
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return "\n".join(line for line in response.read().decode().splitlines()
-                         if line.startswith("specvoice_sessions{"))
+        return "\n".join(
+            line for line in response.read().decode().splitlines() if line.startswith("specvoice_sessions{")
+        )

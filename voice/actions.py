@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from voice.events import ActionRequested
 
-KEYWORD = "ACTION"           # the marker is "[" + KEYWORD + whitespace + body + "]" (keyword in any case)
-MAX_BODY_CHARS = 200         # a marker body longer than this is not a marker the model meant: refused
+KEYWORD = "ACTION"  # the marker is "[" + KEYWORD + whitespace + body + "]" (keyword in any case)
+MAX_BODY_CHARS = 200  # a marker body longer than this is not a marker the model meant: refused
 _QUOTES = "\"'`"
 REFUSED_SPEECH = " Sorry, I can't do that."
 
@@ -28,14 +28,18 @@ def check_allowed(allowed: dict[str, list[str]]) -> None:
     for topic, payloads in allowed.items():
         where = f"mqtt.allowed_actions[{topic!r}]"
         if not topic or topic != topic.strip() or any(c in topic for c in "+#\0 ]") or len(topic) > 200:
-            raise ValueError(f"{where}: the topic must be a plain MQTT topic without spaces, wildcards (+ #) "
-                             "or ']'; fix: name the exact command topic, e.g. 'home/kitchen/light/set'")
+            raise ValueError(
+                f"{where}: the topic must be a plain MQTT topic without spaces, wildcards (+ #) "
+                "or ']'; fix: name the exact command topic, e.g. 'home/kitchen/light/set'"
+            )
         if not payloads:
             raise ValueError(f"{where}: no payloads listed; fix: list the allowed payloads, e.g. ['ON', 'OFF']")
         for payload in payloads:
             if not payload or payload != payload.strip() or "]" in payload or "\n" in payload:
-                raise ValueError(f"{where}: payload {payload!r} must be non-empty, without surrounding spaces, "
-                                 "newlines or ']'; fix: use a plain word such as 'ON'")
+                raise ValueError(
+                    f"{where}: payload {payload!r} must be non-empty, without surrounding spaces, "
+                    "newlines or ']'; fix: use a plain word such as 'ON'"
+                )
 
 
 def action_instructions(allowed: dict[str, list[str]]) -> str:
@@ -45,8 +49,10 @@ def action_instructions(allowed: dict[str, list[str]]) -> str:
     made the model drop the keyword and write "[home/kitchen/light/set ON]"; with whole markers to copy and
     one example reply it wrote them exactly. The list is part of every prompt: keep the allow-list short."""
     check_allowed(allowed)
-    lines = ["You can control devices in the home. To switch a device, put one of these commands in your reply, "
-             f"copied exactly, brackets and the word {KEYWORD} included:"]
+    lines = [
+        "You can control devices in the home. To switch a device, put one of these commands in your reply, "
+        f"copied exactly, brackets and the word {KEYWORD} included:"
+    ]
     for topic, payloads in allowed.items():
         lines += [f"[{KEYWORD} {topic} {payload}]" for payload in payloads]
     first_topic, first_payloads = next(iter(allowed.items()))
@@ -71,9 +77,9 @@ class ActionParser:
         check_allowed(allowed)
         self.allowed = {topic: list(payloads) for topic, payloads in allowed.items()}
         self.requests: list[ActionRequested] = []
-        self._held = ""            # "[" plus the keyword characters matched so far
+        self._held = ""  # "[" plus the keyword characters matched so far
         self._body: str | None = None  # inside a marker: the characters after the keyword
-        self._muted = False        # a marker was refused: the rest of the reply is not spoken
+        self._muted = False  # a marker was refused: the rest of the reply is not spoken
 
     def push(self, text: str) -> str:
         """Feed reply text; returns the part that is safe to speak now."""

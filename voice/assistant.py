@@ -6,6 +6,8 @@ One place owns the model work's scheduling, so nothing queues behind anything el
   makes all eight late instead of one;
 - Whisper passes run on the STT worker and piper syntheses on the TTS worker, one thread each, never in Python's
   default pool (where a burst of one could starve the other);
+- Smart Turn (the semantic end of turn, ~50 ms a call) runs on its own thread: when it is asked, the STT
+  worker is busy with the pause's Whisper pass, and the answer must not wait for it;
 - VAD, wake word and echo cancelling are cheap (well under a millisecond per block) and run on the event loop.
 """
 
@@ -16,14 +18,18 @@ import logging
 import time
 from collections.abc import Callable, Coroutine
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from voice.config import Config
+from voice.endpointing import TurnModel
 from voice.events import Event, EventHandler
 from voice.latency import LatencyStats
 from voice.listener import Listener
 from voice.session import Session
 from voice.tasks import Tasks, cancel_and_wait
+
+if TYPE_CHECKING:
+    from voice.tts import SpeechSynthesizer
 
 log = logging.getLogger("specvoice.assistant")
 
@@ -31,12 +37,25 @@ log = logging.getLogger("specvoice.assistant")
 class Assistant:
     """Every model, loaded once; many sessions share it."""
 
-    def __init__(self, config: Config, engine: Any, stt: Any, tts: Any, vad_path: str,
-                 wake_dir: str | None = None, workers: dict[str, ThreadPoolExecutor] | None = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        engine: Any,
+        stt: Any,
+        tts: SpeechSynthesizer,
+        vad_path: str,
+        wake_dir: str | None = None,
+        workers: dict[str, ThreadPoolExecutor] | None = None,
+        turn_model: TurnModel | None = None,
+    ) -> None:
         self.config = config
         self.engine, self.stt, self.tts = engine, stt, tts
         self.vad_path, self.wake_dir = vad_path, wake_dir
         self.workers = workers or {}
+        if "turn" not in self.workers:  # built from parts (tests): load Smart Turn here, if the config wants it
+            self.workers["turn"] = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-turn")
+            turn_model = TurnModel.load(config, self.workers["turn"])
+        self.turn_model = turn_model  # None: turns end by the VAD rule
         self.tts_sample_rate: int = tts.sample_rate
         self.stats = LatencyStats()
         self._turn_lock: tuple[asyncio.AbstractEventLoop, asyncio.Lock] | None = None
@@ -63,26 +82,45 @@ class Assistant:
         if engine is None:
             target = resolve(m.target, "llm", m.cache_dir).location
             draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
-            engine = Engine.load(target, draft, device=llm.device, dtype=llm.dtype, mode=llm.mode,
-                                 draft_quantize=llm.draft_quantize, draft_vocab=llm.draft_vocab, threads=llm.threads,
-                                 context_limit=llm.context_limit)
-        workers = {kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
-                   for kind in ("stt", "tts")}
+            engine = Engine.load(
+                target,
+                draft,
+                device=llm.device,
+                dtype=llm.dtype,
+                mode=llm.mode,
+                draft_quantize=llm.draft_quantize,
+                draft_vocab=llm.draft_vocab,
+                threads=llm.threads,
+                context_limit=llm.context_limit,
+            )
+        workers = {
+            kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
+            for kind in ("stt", "tts", "turn")
+        }
         if stt is None:
             stt = SpeechToText(resolve(m.stt, "stt", m.cache_dir), config.stt, executor=workers["stt"])
         if tts is None:
             tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts, executor=workers["tts"])
         vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""
         wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path) if m.wake_word else None
-        log.info("assistant loaded", extra={"seconds": round(time.monotonic() - started, 2),
-                                            "target": llm.base_url if llm.backend == "openai" else m.target,
-                                            "draft": draft, "stt": m.stt, "tts": m.tts})
-        return cls(config, engine, stt, tts, vad_path, wake_dir, workers)
+        turn_model = TurnModel.load(config, workers["turn"])
+        log.info(
+            "assistant loaded",
+            extra={
+                "seconds": round(time.monotonic() - started, 2),
+                "target": llm.base_url if llm.backend == "openai" else m.target,
+                "draft": draft,
+                "stt": m.stt,
+                "tts": m.tts,
+            },
+        )
+        return cls(config, engine, stt, tts, vad_path, wake_dir, workers, turn_model)
 
     # ---- what sessions are made of -------------------------------------------------------------------------
 
-    def session(self, on_event: EventHandler | None = None, *, sink: Any = None, name: str = "",
-                endpointing: bool = True) -> Session:
+    def session(
+        self, on_event: EventHandler | None = None, *, sink: Any = None, name: str = "", endpointing: bool = True
+    ) -> Session:
         session = Session(self, on_event, sink=sink, name=name, endpointing=endpointing)
         self._sessions.add(session)
         return session
@@ -99,8 +137,14 @@ class Assistant:
 
     def listener(self, *, endpointing: bool = True) -> Listener:
         """A new Listener on the shared STT model, with its own VAD, wake word and echo canceller."""
-        return Listener.from_config(self.config, self.stt, endpointing=endpointing, vad_path=self.vad_path,
-                                    wake_dir=self.wake_dir)
+        return Listener.from_config(
+            self.config,
+            self.stt,
+            endpointing=endpointing,
+            vad_path=self.vad_path,
+            wake_dir=self.wake_dir,
+            turn_model=self.turn_model,
+        )
 
     @property
     def generation_turn(self) -> asyncio.Lock:

@@ -28,9 +28,44 @@ from dataclasses import dataclass
 from typing import Any
 
 ABBREVIATIONS = {
-    "mr", "mrs", "ms", "dr", "prof", "sr", "jr", "st", "mt", "vs", "etc", "e.g", "i.e", "eg", "ie", "approx",
-    "fig", "inc", "ltd", "jan", "feb", "mar", "apr", "jun", "jul", "aug", "sep", "sept", "oct",
-    "nov", "dec", "tue", "thu", "fri", "a.m", "p.m", "u.s", "u.k",
+    "mr",
+    "mrs",
+    "ms",
+    "dr",
+    "prof",
+    "sr",
+    "jr",
+    "st",
+    "mt",
+    "vs",
+    "etc",
+    "e.g",
+    "i.e",
+    "eg",
+    "ie",
+    "approx",
+    "fig",
+    "inc",
+    "ltd",
+    "jan",
+    "feb",
+    "mar",
+    "apr",
+    "jun",
+    "jul",
+    "aug",
+    "sep",
+    "sept",
+    "oct",
+    "nov",
+    "dec",
+    "tue",
+    "thu",
+    "fri",
+    "a.m",
+    "p.m",
+    "u.s",
+    "u.k",
 }
 _SENTENCE = ".!?;:"
 _BOUNDARY = _SENTENCE + ","
@@ -49,15 +84,27 @@ class _Scan:
     space: int
 
     def shifted(self, by: int) -> _Scan:
-        return _Scan(self.at + by, self.lead + by, self.words, self.in_word, self.word_start + by,
-                     self.space + by if self.space >= 0 else -1)
+        return _Scan(
+            self.at + by,
+            self.lead + by,
+            self.words,
+            self.in_word,
+            self.word_start + by,
+            self.space + by if self.space >= 0 else -1,
+        )
 
 
 class Chunker:
     """Feed text with ``push``; it returns the fragments that are complete; ``flush`` returns the rest."""
 
-    def __init__(self, first_fragment_chars: int = 12, max_fragment_words: int = 30, clause_words: int = 8,
-                 first_fragment_words: int = 0, max_fragment_chars: int = 250) -> None:
+    def __init__(
+        self,
+        first_fragment_chars: int = 12,
+        max_fragment_words: int = 30,
+        clause_words: int = 8,
+        first_fragment_words: int = 0,
+        max_fragment_chars: int = 250,
+    ) -> None:
         self.first_chars = first_fragment_chars
         self.first_words = first_fragment_words  # 0: the first fragment waits for punctuation
         self.max_words = max_fragment_words
@@ -122,9 +169,14 @@ class Chunker:
                     words += 1
                     if words >= self.max_words:
                         return i
-                    if (self.fragments_out == 0 and self.first_words and words >= self.first_words
-                            and i - lead >= self.first_chars and not buf[i + 1].isspace()
-                            and not any(ch.isdigit() for ch in buf[word_start:i])):
+                    if (
+                        self.fragments_out == 0
+                        and self.first_words
+                        and words >= self.first_words
+                        and i - lead >= self.first_chars
+                        and not buf[i + 1].isspace()
+                        and not any(ch.isdigit() for ch in buf[word_start:i])
+                    ):
                         return i
             if c == "\n":
                 return i + 1

@@ -10,13 +10,15 @@ from __future__ import annotations
 
 import json
 import os
-import re
-import socket
 import tomllib
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, model_validator
+
+from voice.config_servers import MQTTConfig, ServerConfig, WyomingConfig
+from voice.config_servers import Section as _Section
 
 # the shipped configs (default, small, gpu) travel inside the package (voice/configs links to the repository's
 # configs/ folder, and the wheel carries copies), so an installed specvoice finds them from any directory
@@ -27,10 +29,6 @@ ENV_PREFIX = "SPECVOICE_"
 
 class ConfigError(ValueError):
     """A configuration problem, phrased for the user: where, what, and how to fix it."""
-
-
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
 class ModelsConfig(_Section):
@@ -53,8 +51,12 @@ class LLMConfig(_Section):
     mode: Literal["draft", "ngram", "target"] = "draft"
     draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
-    draft_confidence: float | None = Field(None, gt=0.0, lt=1.0, description="draft_length = 'confidence': stop "
-                                           "at this fixed threshold instead of the measured-cost rule")
+    draft_confidence: float | None = Field(
+        None,
+        gt=0.0,
+        lt=1.0,
+        description="draft_length = 'confidence': stop at this fixed threshold instead of the measured-cost rule",
+    )
     tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
     tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
     draft_quantize: Literal["none", "int8", "int4"] = "int4"
@@ -70,25 +72,38 @@ class LLMConfig(_Section):
     # the remote backend (llm.backend = "openai"): an OpenAI-compatible chat-completions server (vLLM, SGLang,
     # llama.cpp's server, Ollama, transformers serve); the local keys above then only set temperature, top_k,
     # top_p, seed and max_new_tokens, and the server does its own speculative decoding
-    backend: Literal["local", "openai"] = Field("local", description="local: the speculative decoder in this "
-                                                "process; openai: a chat-completions server at llm.base_url")
+    backend: Literal["local", "openai"] = Field(
+        "local",
+        description="local: the speculative decoder in this process; openai: a chat-completions server at llm.base_url",
+    )
     base_url: str | None = Field(None, description="e.g. 'http://gpu-box:8000/v1' (llm.backend = 'openai')")
     api_key: str | None = Field(None, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY")
     remote_model: str | None = Field(None, description="model name in requests; default: the server's first")
-    tokenizer: str | None = Field(None, description="a local tokenizer (model name or folder) to count history "
-                                  "tokens exactly; default: about 4 characters per token")
+    tokenizer: str | None = Field(
+        None,
+        description="a local tokenizer (model name or folder) to count history "
+        "tokens exactly; default: about 4 characters per token",
+    )
     connect_timeout_s: float = Field(3.0, gt=0)
-    first_token_timeout_s: float = Field(10.0, gt=0, description="from the request to the first token, retries "
-                                         "included; also the longest silence allowed between two tokens")
+    first_token_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="from the request to the first token, retries "
+        "included; also the longest silence allowed between two tokens",
+    )
     retries: int = Field(2, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)")
-    metrics_url: str | None = Field(None, description="the server's Prometheus page for its speculative-decoding "
-                                    "counters; default: <base_url host>/metrics; '' = do not scrape")
+    metrics_url: str | None = Field(
+        None,
+        description="the server's Prometheus page for its speculative-decoding "
+        "counters; default: <base_url host>/metrics; '' = do not scrape",
+    )
 
     @model_validator(mode="after")
     def _remote_needs_url(self) -> LLMConfig:
         if self.backend == "openai" and not self.base_url:
-            raise ValueError("llm.backend = 'openai' needs llm.base_url; fix: e.g. "
-                             "llm.base_url = 'http://gpu-box:8000/v1'")
+            raise ValueError(
+                "llm.backend = 'openai' needs llm.base_url; fix: e.g. llm.base_url = 'http://gpu-box:8000/v1'"
+            )
         return self
 
 
@@ -100,19 +115,31 @@ class DialogConfig(_Section):
     history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
     stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
-    early_reply: bool = Field(True, description="start generating when the user pauses, before the endpoint; "
-                                                "spoken only if the final transcript is the same, else dropped")
+    early_reply: bool = Field(
+        True,
+        description="start generating when the user pauses, before the endpoint; "
+        "spoken only if the final transcript is the same, else dropped",
+    )
+    prefill_during_speech: bool = Field(
+        True,
+        description="prefill the LLM caches with the committed words while "
+        "the user still speaks (between Whisper passes)",
+    )
 
 
 class STTConfig(_Section):
     language: str | None = "en"
     device: str = "cpu"
     compute_type: str = "int8"
-    beam_size: int = Field(1, ge=1)
+    beam_size: int = Field(1, ge=1, description="beam of every pass that can become the final transcript")
+    partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     threads: int = Field(2, ge=1)
-    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: transcribe on a Wyoming asr "
-                                                 "server at stt.uri (another specvoice, wyoming-faster-whisper)")
+    backend: Literal["local", "wyoming"] = Field(
+        "local",
+        description="wyoming: transcribe on a Wyoming asr "
+        "server at stt.uri (another specvoice, wyoming-faster-whisper)",
+    )
     uri: str | None = Field(None, description="tcp://host:port of the Wyoming asr server (stt.backend = 'wyoming')")
     timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the transcript after the audio")
 
@@ -126,11 +153,15 @@ class TTSConfig(_Section):
     speaker_id: int | None = None
     length_scale: float = Field(1.0, gt=0.0)
     first_fragment_chars: int = Field(12, ge=1)
-    first_fragment_words: int = Field(3, ge=0, description="cut the first fragment after this many words if no "
-                                                            "punctuation came yet (0: wait for punctuation)")
+    first_fragment_words: int = Field(
+        3,
+        ge=0,
+        description="cut the first fragment after this many words if no punctuation came yet (0: wait for punctuation)",
+    )
     max_fragment_words: int = Field(30, ge=4)
-    backend: Literal["local", "wyoming"] = Field("local", description="wyoming: speak with a Wyoming tts server "
-                                                 "at tts.uri (another specvoice, wyoming-piper)")
+    backend: Literal["local", "wyoming"] = Field(
+        "local", description="wyoming: speak with a Wyoming tts server at tts.uri (another specvoice, wyoming-piper)"
+    )
     uri: str | None = Field(None, description="tcp://host:port of the Wyoming tts server (tts.backend = 'wyoming')")
     voice: str | None = Field(None, description="wyoming: the server's voice name; default: the server's own")
     timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the first audio of a sentence")
@@ -153,8 +184,10 @@ def _check_uri(section: str, backend: str, uri: str | None) -> None:
     except ValueError:
         port = None
     if parts.scheme != "tcp" or not parts.hostname or port is None:
-        raise ValueError(f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
-                         f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'")
+        raise ValueError(
+            f"{section}.backend = 'wyoming' needs {section}.uri = 'tcp://host:port' (got {uri!r}); "
+            f"fix: e.g. {section}.uri = 'tcp://192.168.1.20:10300'"
+        )
 
 
 class VADConfig(_Section):
@@ -174,17 +207,24 @@ class TurnConfig(_Section):
     threshold: float = Field(0.5, gt=0.0, lt=1.0, description="P(complete) at or above which the turn ends")
     min_silence_ms: int = Field(200, ge=20, description="silence before the model is asked")
     max_silence_ms: int = Field(1000, ge=100, description="silence that ends the turn whatever the model says")
-    reask_ms: int = Field(0, ge=0, description="after 'incomplete', ask again each time the pause grew this much "
-                                               "(0: once per pause; asking later raises false cuts)")
-    use_transcript: bool = Field(True, description="a transcript ending on 'the', 'and', 'for', '...' vetoes "
-                                                   "'complete'")
+    reask_ms: int = Field(
+        0,
+        ge=0,
+        description="after 'incomplete', ask again each time the pause grew this much "
+        "(0: once per pause; asking later raises false cuts)",
+    )
+    use_transcript: bool = Field(
+        True, description="a transcript ending on 'the', 'and', 'for', '...' vetoes 'complete'"
+    )
     threads: int = Field(1, ge=1, le=8, description="onnxruntime threads for the model")
 
     @model_validator(mode="after")
     def _ordered(self) -> TurnConfig:
         if self.min_silence_ms > self.max_silence_ms:
-            raise ValueError(f"turn.min_silence_ms ({self.min_silence_ms}) is above turn.max_silence_ms "
-                             f"({self.max_silence_ms}); fix: make min_silence_ms the smaller")
+            raise ValueError(
+                f"turn.min_silence_ms ({self.min_silence_ms}) is above turn.max_silence_ms "
+                f"({self.max_silence_ms}); fix: make min_silence_ms the smaller"
+            )
         return self
 
 
@@ -193,7 +233,8 @@ class AudioConfig(_Section):
     output_device: str | int | None = None
     block_ms: int = Field(20, ge=5, le=200)
     latency: Literal["low", "high"] | float = Field(
-        "high", description="device buffering (PortAudio 'low'/'high' or seconds); 'low' underflows on a busy CPU")
+        "high", description="device buffering (PortAudio 'low'/'high' or seconds); 'low' underflows on a busy CPU"
+    )
     echo: Literal["off", "gate", "cancel"] = "cancel"
     echo_filter_ms: int = Field(200, ge=20, le=1000, description="longest speaker-to-mic delay the canceller covers")
 
@@ -208,116 +249,6 @@ class BudgetConfig(_Section):
     tts_first_audio: float = 250
     playback_start: float = 50
     voice_to_voice: float = 1200
-
-
-class ServerConfig(_Section):
-    host: str = "127.0.0.1"
-    port: int = Field(8765, ge=0, le=65535)
-    token: str | None = None
-    max_message_bytes: int = Field(1 << 20, ge=1024)
-    max_turn_audio_s: float = Field(60.0, gt=0)
-    max_sessions: int = Field(16, ge=1)
-    idle_timeout_s: float = Field(300.0, gt=0)
-    metrics_port: int | None = Field(None, ge=0, le=65535, description="extra /metrics listener on 127.0.0.1")
-    shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, turns in progress get this long to finish")
-
-
-class WyomingConfig(_Section):
-    enabled: bool = True
-    host: str = "127.0.0.1"
-    port: int = Field(10300, ge=0, le=65535)
-    zeroconf: bool = False
-    allowed_clients: list[str] = Field(
-        default_factory=list, description="IPs/networks allowed to connect; required when host is not loopback "
-                                          "(Wyoming has no tokens), e.g. ['192.168.1.0/24']")
-    read_timeout_s: float = Field(2.0, gt=0, description="an event must arrive whole (header, data, payload) "
-                                  "within this long after its first byte; a LAN sends one in milliseconds")
-    write_timeout_s: float = Field(10.0, gt=0, description="a client that reads nothing for this long is dropped")
-    max_conversations: int = Field(16, ge=1, description="handle service: conversation ids remembered at once "
-                                   "(least recently used forgotten first)")
-    conversation_idle_s: float = Field(300.0, gt=0, description="handle service: a conversation id is forgotten "
-                                       "this long after its last turn")
-
-
-def host_name() -> str:
-    """This machine's short name, usable in an MQTT client id and a Home Assistant node id: two devices on one
-    broker must not share either (a shared client id makes the broker disconnect one for the other)."""
-    name = re.sub(r"[^a-z0-9_-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-_")
-    return name[:40] or "host"
-
-
-_IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)
-    "node_id": (re.compile(r"[A-Za-z0-9_-]{1,64}"), "a valid Home Assistant node id",
-                "letters, digits, '_' or '-'", "this host's name"),
-    "client_id": (re.compile(r"[A-Za-z0-9_.:-]{1,64}"), "a usable MQTT client id",
-                  "letters, digits, '_', '-', '.' or ':'", "specvoice-<host name>"),
-}
-
-
-class MQTTConfig(_Section):
-    enabled: bool = False
-    host: str = "127.0.0.1"
-    port: int = Field(1883, ge=0, le=65535)
-    username: str | None = None
-    password: str | None = Field(None, description="better a systemd credential (LoadCredential=mqtt.password)")
-    tls: bool = False
-    ca_file: str | None = None
-    client_id: str = Field(default_factory=lambda: f"specvoice-{host_name()}",
-                           description="unique per device; default: specvoice-<host name>")
-    prefix: str = "specvoice"
-    discovery_prefix: str = "homeassistant"
-    node_id: str = Field(default_factory=host_name, description="Home Assistant node id; default: the host name")
-    allowed_actions: dict[str, list[str]] = Field(
-        default_factory=dict, description="topic -> allowed payloads, e.g. {'home/kitchen/light/set' = ['ON','OFF']}"
-    )
-    events: dict[str, str] = Field(
-        default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
-    )
-    cert_file: str | None = Field(None, description="TLS client certificate (PEM), when the broker asks for one")
-    key_file: str | None = Field(None, description="TLS client key (PEM) for cert_file")
-    keepalive_s: int = Field(30, ge=5, le=3600)
-    reconnect_min_s: float = Field(1.0, gt=0, description="first wait before reconnecting; doubles up to the max")
-    reconnect_max_s: float = Field(60.0, gt=0)
-    discovery: bool = Field(True, description="publish Home Assistant discovery configs")
-    publish_turns: Literal["local", "all", "none"] = Field(
-        "local", description="whose state, transcripts and replies are published: 'local' = MQTT-originated and "
-                             "the local device's turns, 'all' = every transport's (websocket and Wyoming too)")
-    retain_results: bool = Field(False, description="retain transcript and reply (anyone who subscribes reads them)")
-    max_queued_commands: int = Field(8, ge=1, le=1000, description="say/ask/events waiting; more are refused")
-    max_conversations: int = Field(8, ge=1, le=256, description="ask conversations kept (by conversation_id)")
-    conversation_idle_s: float = Field(900.0, gt=0, description="an ask conversation idle this long starts afresh")
-    max_packet_bytes: int = Field(256 * 1024, ge=1024, le=268_435_455,
-                                  description="the broker's maximum packet size; bigger messages are skipped")
-
-    @field_validator("node_id", "client_id")
-    @classmethod
-    def _identifier(cls, value: str, info: Any) -> str:
-        pattern, what, allowed, default = _IDENTIFIERS[info.field_name]
-        if not pattern.fullmatch(value):
-            raise ValueError(f"{value!r} is not {what}; fix: use 1-64 {allowed}, unique per device (default: "
-                             f"{default})")
-        return value
-
-    @field_validator("prefix", "discovery_prefix")
-    @classmethod
-    def _topic_prefix(cls, value: str) -> str:
-        if not value.strip("/") or any(c in value for c in "+#\0") or value != value.strip().strip("/"):
-            raise ValueError(f"topic prefix {value!r} is not usable; fix: a topic without wildcards (+ #) or "
-                             "leading/trailing '/', e.g. 'specvoice' or 'home/kitchen/voice'")
-        return value
-
-    @model_validator(mode="after")
-    def _usable(self) -> MQTTConfig:
-        from voice.actions import check_allowed  # late: actions imports events only, but keep config light
-
-        check_allowed(self.allowed_actions)
-        for topic, template in self.events.items():
-            if not topic.strip() or not template.strip():
-                raise ValueError(f"mqtt.events[{topic!r}] needs a topic and a sentence; fix: e.g. "
-                                 "'home/doorbell' = '{name} is at the door'")
-        if self.key_file and not self.cert_file:
-            raise ValueError("mqtt.key_file is set without mqtt.cert_file; fix: set both, or neither")
-        return self
 
 
 class LoggingConfig(_Section):
@@ -347,7 +278,7 @@ class Config(_Section):
         return self
 
 
-def _hint(err: dict[str, Any]) -> str:
+def _hint(err: Mapping[str, Any]) -> str:
     kind = err["type"]
     if kind == "extra_forbidden":
         return "remove it or check its spelling (see `specvoice config show` for every key)"
@@ -358,7 +289,7 @@ def _hint(err: dict[str, Any]) -> str:
     return "change the value"
 
 
-def _format(errors: list[dict[str, Any]], source: str) -> str:
+def _format(errors: Sequence[Mapping[str, Any]], source: str) -> str:
     """One line for one problem (what a service log shows), one line per problem under a heading otherwise."""
     lines = []
     for err in errors:
@@ -403,8 +334,9 @@ def find_config(path: str | Path) -> Path:
     if path.parent == Path(".") and shipped.exists():
         return shipped
     names = ", ".join(sorted(p.stem for p in CONFIG_DIR.glob("*.toml")))
-    raise ConfigError(f"config file {path} does not exist; fix: pass an existing file, or a shipped config by "
-                      f"name ({names})")
+    raise ConfigError(
+        f"config file {path} does not exist; fix: pass an existing file, or a shipped config by name ({names})"
+    )
 
 
 def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
@@ -418,8 +350,10 @@ def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
     try:
         entries = sorted(Path(folder).iterdir())
     except OSError as exc:
-        raise ConfigError(f"credentials directory {folder} cannot be read ({exc.strerror}); fix: check the "
-                          "unit's LoadCredential= lines") from None
+        raise ConfigError(
+            f"credentials directory {folder} cannot be read ({exc.strerror}); fix: check the "
+            "unit's LoadCredential= lines"
+        ) from None
     out = []
     for entry in entries:
         dotted = entry.name.removeprefix("specvoice_")
@@ -430,8 +364,10 @@ def credential_overrides(environ: dict[str, str]) -> list[tuple[str, str]]:
             out.append((dotted, entry.read_text().rstrip("\r\n")))
         except (OSError, UnicodeDecodeError) as exc:
             reason = getattr(exc, "strerror", None) or str(exc)
-            raise ConfigError(f"credential {entry.name} in {folder} cannot be read ({reason}); fix: point its "
-                              "LoadCredential= line at a readable file holding only the secret") from None
+            raise ConfigError(
+                f"credential {entry.name} in {folder} cannot be read ({reason}); fix: point its "
+                "LoadCredential= line at a readable file holding only the secret"
+            ) from None
     return out
 
 
@@ -442,7 +378,7 @@ def _env_overrides(environ: dict[str, str]) -> list[tuple[str, Any]]:
     out = []
     for name, value in environ.items():
         if name.startswith(ENV_PREFIX) and "__" in name:
-            dotted = name[len(ENV_PREFIX):].lower().replace("__", ".")
+            dotted = name[len(ENV_PREFIX) :].lower().replace("__", ".")
             out.append((dotted, _parse_value(value)))
     return out
 
@@ -461,8 +397,10 @@ def load_config(
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError(f"{path} is not valid TOML: {exc}; fix: correct the syntax at that line") from exc
     except OSError as exc:
-        raise ConfigError(f"config file {path} cannot be read ({exc.strerror}); fix: make it readable by this "
-                          "user (a service reads /etc/specvoice through ConfigurationDirectory=)") from None
+        raise ConfigError(
+            f"config file {path} cannot be read ({exc.strerror}); fix: make it readable by this "
+            "user (a service reads /etc/specvoice through ConfigurationDirectory=)"
+        ) from None
     sources = [str(path)]
     for dotted, value in credential_overrides(environ):
         _set_dotted(tree, dotted, value)

@@ -3,14 +3,15 @@ the desktop UI) can turn them into its own wire format without knowing the pipel
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from enum import Enum
-from typing import Any, Callable, Union
+from enum import StrEnum
+from typing import Any
 
 import numpy as np
 
 
-class State(str, Enum):
+class State(StrEnum):
     IDLE = "idle"
     LISTENING = "listening"
     THINKING = "thinking"
@@ -78,6 +79,14 @@ class ActionRequested:
 
 
 @dataclass
+class ToolCallRequested:
+    """The LLM called a function the client declared (``arguments``: JSON text); the client runs it."""
+
+    name: str
+    arguments: str
+
+
+@dataclass
 class TurnDone:
     turn_id: int
     transcript: str
@@ -93,6 +102,19 @@ class TurnError:
     message: str
 
 
-Event = Union[StateChanged, SpeechStarted, SpeechStopped, TranscriptPartial, TranscriptFinal, ReplyTextDelta,
-              ReplyAudio, ActionRequested, TurnDone, TurnError, PauseHeard, SpeechResumed]
+Event = (
+    StateChanged
+    | SpeechStarted
+    | SpeechStopped
+    | TranscriptPartial
+    | TranscriptFinal
+    | ReplyTextDelta
+    | ReplyAudio
+    | ActionRequested
+    | ToolCallRequested
+    | TurnDone
+    | TurnError
+    | PauseHeard
+    | SpeechResumed
+)
 EventHandler = Callable[[Event], None]

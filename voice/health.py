@@ -18,8 +18,12 @@ HEALTH_PATH = "/health"
 
 
 def health_body(shared: Any) -> dict[str, Any]:
-    return {"status": "ready", "version": package_version(), "sessions": shared.slots.used,
-            "max_sessions": shared.slots.limit}
+    return {
+        "status": "ready",
+        "version": package_version(),
+        "sessions": shared.slots.used,
+        "max_sessions": shared.slots.limit,
+    }
 
 
 def health_response(connection: Any, shared: Any) -> Any:

@@ -13,15 +13,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 MARKS = (
-    "turn_start",       # a text turn arrived (text turns have no speech marks)
+    "turn_start",  # a text turn arrived (text turns have no speech marks)
     "speech_start",
-    "speech_end",       # last voiced sample
-    "endpoint",         # the VAD decided the turn was over
+    "speech_end",  # last voiced sample
+    "endpoint",  # the VAD decided the turn was over
     "stt_final",
     "llm_first_token",
-    "first_fragment",   # first speakable fragment handed to TTS
+    "first_fragment",  # first speakable fragment handed to TTS
     "tts_first_audio",
-    "playback_start",   # first audible sample handed to the device (or to the transport)
+    "playback_start",  # first audible sample handed to the device (or to the transport)
     "turn_end",
 )
 
@@ -69,15 +69,20 @@ class LatencyTrace:
     def in_order(self) -> bool:
         """True when the marks that are present follow the pipeline order (a sanity check for tests and logs)."""
         early = self.extra.get("early_reply", False)  # its first token may come before endpoint and stt_final
-        present = [self.marks[m] for m in MARKS
-                   if m in self.marks and m != "turn_start" and not (early and m == "llm_first_token")]
-        return all(a <= b + 1e-6 for a, b in zip(present, present[1:]))
+        present = [
+            self.marks[m]
+            for m in MARKS
+            if m in self.marks and m != "turn_start" and not (early and m == "llm_first_token")
+        ]
+        return all(a <= b + 1e-6 for a, b in zip(present, present[1:], strict=False))
 
     def to_dict(self) -> dict[str, Any]:
         origin = min(self.marks.values()) if self.marks else 0.0
         return {
             "turn_id": self.turn_id,
-            "marks_ms": {k: round((v - origin) * 1000.0, 1) for k, v in sorted(self.marks.items(), key=lambda kv: kv[1])},
+            "marks_ms": {
+                k: round((v - origin) * 1000.0, 1) for k, v in sorted(self.marks.items(), key=lambda kv: kv[1])
+            },
             "stages_ms": self.stages_ms(),
             "over_budget": self.over_budget(),
             "budget_ms": dict(self.budget_ms),
@@ -109,8 +114,12 @@ def percentiles(values: list[float]) -> dict[str, float]:
         # nearest-rank percentile: honest for the small samples a voice benchmark has
         return ordered[min(len(ordered) - 1, max(0, int(round(q * len(ordered) + 0.5)) - 1))]
 
-    return {"n": len(ordered), "p50": round(statistics.median(ordered), 1), "p95": round(pick(0.95), 1),
-            "max": round(ordered[-1], 1)}
+    return {
+        "n": len(ordered),
+        "p50": round(statistics.median(ordered), 1),
+        "p95": round(pick(0.95), 1),
+        "max": round(ordered[-1], 1),
+    }
 
 
 def format_table(traces: list[LatencyTrace]) -> str:
@@ -125,6 +134,8 @@ def format_table(traces: list[LatencyTrace]) -> str:
         stats = percentiles([v for v in values if v is not None])
         budget = traces[0].budget_ms.get(stage) if traces else None
         flag = " !" if budget is not None and stats.get("p50", 0) > budget else ""
-        lines.append(f"{stage:18s}{cells}{stats.get('p50', 0):9.0f}{stats.get('p95', 0):9.0f}"
-                     f"{'-' if budget is None else f'{budget:.0f}':>9s}{flag}")
+        lines.append(
+            f"{stage:18s}{cells}{stats.get('p50', 0):9.0f}{stats.get('p95', 0):9.0f}"
+            f"{'-' if budget is None else f'{budget:.0f}':>9s}{flag}"
+        )
     return "\n".join(lines)

@@ -1,22 +1,25 @@
 """The ears of one session: VAD -> streaming STT -> end of turn, with the wake word and the echo gate.
 
 One push API for every place audio comes from (the microphone, a websocket, a Wyoming client, ``bench
-speech``), in the spirit of wyoming-faster-whisper's streaming session: ``accept_chunk(pcm)`` returns what
-that audio decided (speech started, a partial transcript, a pause the transcript fully covers, the user
-going on after a pause, an utterance that ended), and ``finish()`` ends the utterance in progress and returns
-its final transcript. The Listener has no thread and no task of its own except the one Whisper pass that may
-be running: partial passes run in the STT worker while audio keeps coming in, and what they produce comes
-out of the next ``accept_chunk`` (or ``finish``).
+speech``): ``accept_chunk(pcm)`` returns what that audio decided (speech started, a partial transcript, a pause
+the transcript fully covers, the user going on after a pause, an utterance that ended), and ``finish()`` ends
+the utterance in progress and returns its final transcript. The Listener has no thread and no task of its own
+except the background work in flight (a Whisper pass in the STT worker, a Smart Turn call in the turn worker):
+what it produces comes out of the next ``accept_chunk`` (or ``finish``).
 
-Two ways a turn ends:
-- ``endpointing=True`` (microphone, websocket with server VAD): the VAD decides, after ``vad.end_silence_ms``
-  of silence; speech shorter than ``vad.min_speech_ms`` (a cough, a "mhm") never starts at all;
-- ``endpointing=False`` (Wyoming asr, a websocket without turn detection): everything pushed is one
-  utterance until the caller says it is over with ``finish()``.
+Three ways a turn ends (speech shorter than ``vad.min_speech_ms``, a cough, never starts one):
+- ``turn.engine = "smart"`` (the default): the semantic end of turn (voice/endpointing.py). After
+  ``turn.min_silence_ms`` of silence Smart Turn judges from the audio whether the user has finished; "complete"
+  ends the turn as soon as the pause's transcript agrees (it does not trail off), else it ends after
+  ``turn.max_silence_ms`` of silence;
+- ``turn.engine = "vad"``, or the Smart Turn model missing: after ``vad.end_silence_ms`` of silence;
+- ``endpointing=False`` (Wyoming asr, a websocket without turn detection): the caller's ``finish()``.
 
-When the user pauses, a partial pass starts at once: if the pause becomes the end of the turn, the final
-transcript is then ready (or nearly) when the endpoint is decided, and ``PauseHeard`` lets the session start
-an early reply on it.
+When the user pauses, a Whisper pass starts at once (``PAUSE_PASS_S``), with the final's beam: if the pause
+becomes the end of the turn, that pass IS the final transcript (``Utterance.final()`` then decodes nothing),
+and its words before the pause are what the semantic end checks. ``PauseHeard`` lets the session start an
+early reply while the end is undecided: with the VAD rule once the pause's transcript is in; with the semantic
+end when Smart Turn said "not finished yet" but the words read whole (a "complete" ends the turn at once).
 """
 
 from __future__ import annotations
@@ -24,20 +27,28 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections import deque
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from audio.frames import SPEECH_RATE, AudioChunk
+from audio.turn import TRANSCRIPT_PROMPT, TurnAction
 from audio.vad import Vad, VadEvent
+from voice.endpointing import SemanticEnd, TurnModel, turn_settings
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
 from voice.stt import SpeechToText, StreamingTranscription
+
+ARRIVALS_KEPT = 4096  # unstamped chunks remembered for arrival(): minutes of 20-100 ms network appends
 
 log = logging.getLogger("specvoice.listener")
 
 WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many seconds opens a turn
 PAUSE_PASS_S = 0.12  # silence inside speech after which a partial pass starts at once (a possible end of turn)
+SAFETY_SILENCE_MS = 500  # semantic end: the VAD still ends a turn this long after turn.max_silence_ms, as a backstop
+_LOAD = object()  # from_config: load the turn model named by the config
 
 
 @dataclass
@@ -51,6 +62,8 @@ class Utterance:
     endpoint: float  # when the end of the turn was decided
     cut: bool = False  # ended by the length limit (server.max_turn_audio_s), not by the user
     running_pass: asyncio.Future | None = None  # a partial pass still at work on this utterance
+    reason: str = "manual"  # what ended it: complete / max_silence (semantic), vad_silence, cut, manual
+    probability: float | None = None  # Smart Turn's last P(complete) for this turn, when it was asked
 
     @property
     def duration(self) -> float:
@@ -78,10 +91,21 @@ ListenEvent = SpeechStarted | TranscriptPartial | PauseHeard | SpeechResumed | U
 class Listener:
     """One audio stream's VAD, streaming transcription and turn ending. Call everything from one event loop."""
 
-    def __init__(self, stt: SpeechToText, vad: Vad | None, *, partial_interval_s: float = 0.6,
-                 max_utterance_s: float = 60.0, wake=None, echo=None) -> None:
+    def __init__(
+        self,
+        stt: SpeechToText,
+        vad: Vad | None,
+        *,
+        partial_interval_s: float = 0.6,
+        max_utterance_s: float = 60.0,
+        wake=None,
+        echo=None,
+        turn: SemanticEnd | None = None,
+    ) -> None:
         self.stt = stt
         self.vad = vad  # None: no endpointing, the caller ends utterances with finish()
+        # the semantic end of turn (None: the VAD's end_silence_ms ends turns); its VAD must not end them first
+        self.turn = turn if vad is not None else None
         self.partial_interval_s = partial_interval_s
         self.max_utterance_s = max_utterance_s
         self.wake = wake  # audio.wakeword.WakeWord or None
@@ -90,27 +114,53 @@ class Listener:
         self._stream: StreamingTranscription | None = None
         self._start_t = 0.0
         self._clock: float | None = None  # audio time of the next pushed sample
+        # unstamped chunks: (audio time of the chunk's end, wall time it arrived), for arrival()
+        self._arrivals: deque[tuple[float, float]] = deque(maxlen=ARRIVALS_KEPT)
         self._awake_until = 0.0
         self._pass: asyncio.Task[str | None] | None = None
+        self._pass_of: tuple[StreamingTranscription | None, float | None] = (None, None)  # its stream and pause
         self._pass_started = 0.0  # audio time when the last pass started
+        self._end_t = 0.0  # audio time of the end of the last chunk
         self._pass_s = 0.0  # wall time the last pass took (passes back off on a slow CPU)
         self._paused_heard = False  # a PauseHeard went out for the current pause
         self._last_partial = ""
 
     @classmethod
-    def from_config(cls, config: Any, stt: SpeechToText, *, endpointing: bool = True, vad_path: str | None = None,
-                    wake_dir: str | None = None) -> Listener:
+    def from_config(
+        cls,
+        config: Any,
+        stt: SpeechToText,
+        *,
+        endpointing: bool = True,
+        vad_path: str | None = None,
+        wake_dir: str | None = None,
+        turn_model: Any = _LOAD,
+    ) -> Listener:
         """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word
-        and echo canceller. Model paths are resolved here unless the caller already did (the Assistant)."""
-        vad = wake = echo = None
+        and echo canceller. Model paths are resolved here unless the caller already did (the Assistant).
+        ``turn_model``: the loaded Smart Turn (``TurnModel``), None for the VAD rule; by default it is loaded
+        here when ``turn.engine = "smart"``."""
+        vad = wake = echo = turn = None
         if endpointing:
             from voice.models import resolve
 
             v, m = config.vad, config.models
+            if turn_model is _LOAD:
+                turn_model = TurnModel.load(config)
+            if isinstance(turn_model, TurnModel):
+                turn = SemanticEnd(turn_settings(config), turn_model)
+            end_silence = v.end_silence_ms if turn is None else config.turn.max_silence_ms + SAFETY_SILENCE_MS
             if v.engine == "silero" and vad_path is None:
                 vad_path = str(resolve(m.vad, "vad", m.cache_dir).path)
-            vad = Vad(vad_path or None, engine=v.engine, threshold=v.threshold, min_speech_ms=v.min_speech_ms,
-                      end_silence_ms=v.end_silence_ms, preroll_ms=v.preroll_ms, sample_rate=SPEECH_RATE)
+            vad = Vad(
+                vad_path or None,
+                engine=v.engine,
+                threshold=v.threshold,
+                min_speech_ms=v.min_speech_ms,
+                end_silence_ms=end_silence,
+                preroll_ms=v.preroll_ms,
+                sample_rate=SPEECH_RATE,
+            )
             if m.wake_word:
                 from audio.wakeword import WakeWord
 
@@ -121,12 +171,31 @@ class Listener:
                 from audio.echo import EchoSuppressor
 
                 echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
-        return cls(stt, vad, partial_interval_s=config.stt.partial_interval_ms / 1000.0,
-                   max_utterance_s=config.server.max_turn_audio_s, wake=wake, echo=echo)
+        return cls(
+            stt,
+            vad,
+            partial_interval_s=config.stt.partial_interval_ms / 1000.0,
+            max_utterance_s=config.server.max_turn_audio_s,
+            wake=wake,
+            echo=echo,
+            turn=turn,
+        )
 
     @property
     def endpointing(self) -> bool:
         return self.vad is not None
+
+    @property
+    def end_of_turn(self) -> str:
+        """The rule that ends turns: "smart", "vad", or "manual" (no endpointing)."""
+        return "manual" if self.vad is None else "vad" if self.turn is None else "smart"
+
+    @property
+    def longest_wait_s(self) -> float:
+        """The longest silence after which a turn ends (what a file needs after its last word)."""
+        if self.vad is None:
+            return 0.0
+        return self.turn.settings.max_silence_ms / 1000 if self.turn is not None else self.vad.end_silence_s
 
     @property
     def hearing(self) -> bool:
@@ -144,15 +213,18 @@ class Listener:
 
     # ---- audio in ----------------------------------------------------------------------------------------------
 
-    async def accept_chunk(self, samples: np.ndarray, t: float | None = None,
-                           reference: np.ndarray | None = None) -> list[ListenEvent]:
+    async def accept_chunk(
+        self, samples: np.ndarray, t: float | None = None, reference: np.ndarray | None = None
+    ) -> list[ListenEvent]:
         """Feed 16 kHz mono int16 audio. ``t``: monotonic time of its first sample (default: contiguous with the
         previous chunk, or ending now). ``reference``: what the speaker played over the same interval, for the
         echo canceller. Returns the events this audio (and any partial pass that finished) decided."""
         samples = np.asarray(samples)
         if samples.dtype != np.int16 or samples.ndim != 1:
-            raise ValueError(f"the listener takes int16 mono samples at {SPEECH_RATE} Hz (got {samples.dtype}, "
-                             f"shape {samples.shape}); fix: convert with audio.resample first")
+            raise ValueError(
+                f"the listener takes int16 mono samples at {SPEECH_RATE} Hz (got {samples.dtype}, "
+                f"shape {samples.shape}); fix: convert with audio.resample first"
+            )
         t = self._stamp(len(samples), t)
         if self.echo is not None:  # always in the path, so its constant buffering delay never jumps
             samples = self.echo.process(samples, reference)
@@ -165,6 +237,7 @@ class Listener:
             self._add(samples)
         else:
             events += self._endpointing(chunk)
+        self._end_t = chunk.end_t
         if self._stream is not None and self._stream.duration > self.max_utterance_s:
             events.append(self._close(chunk.end_t, chunk.end_t, cut=True))
         if self._stream is not None:
@@ -177,9 +250,21 @@ class Listener:
         clock ahead (it never jumps back, which would stretch the VAD's silence timers), one that paused jumps it
         forward to now."""
         if t is None:
-            earliest = time.monotonic() - n / SPEECH_RATE
+            now = time.monotonic()
+            earliest = now - n / SPEECH_RATE
             t = earliest if self._clock is None else max(self._clock, earliest)
+            self._arrivals.append((t + n / SPEECH_RATE, now))
         self._clock = t + n / SPEECH_RATE
+        return t
+
+    def arrival(self, t: float) -> float:
+        """When the audio at time ``t`` (audio clock) reached us, on the wall clock: the time a latency trace
+        wants. For a device the two clocks are one; a network client that sends faster than real time runs the
+        audio clock ahead of the wall, and measured from there the reply would seem to start before the user
+        stopped speaking (voice-to-voice 0). Times older than the chunks kept are returned as they are."""
+        for end, arrived in self._arrivals:
+            if end >= t:
+                return min(t, arrived)
         return t
 
     def _endpointing(self, chunk: AudioChunk) -> list[ListenEvent]:
@@ -199,15 +284,42 @@ class Listener:
                     self._open(event.t, event.audio if event.audio is not None else np.zeros(0, np.int16))
                     events.append(SpeechStarted(event.t))
                     started = True
-            elif self._stream is not None:
+            elif self._stream is not None:  # the VAD rule (with the semantic end: its backstop)
                 decided = event.decided_t if event.decided_t is not None else chunk.end_t
-                events.append(self._close(event.t, decided))
+                events.append(self._close(event.t, decided, reason="vad_silence"))
         if self._stream is not None and not started:
             self._add(chunk.samples)
             if self._paused_heard and self.vad.pause_since is None:
                 self._paused_heard = False  # the user goes on: the pause transcript was not the whole turn
                 events.append(SpeechResumed())
+        if self.turn is not None and self._stream is not None:
+            events += self._semantic_end(chunk.end_t)
         return events
+
+    def _semantic_end(self, t: float) -> list[ListenEvent]:
+        """One block of the semantic end of turn: tell the policy what the VAD heard, hand it the answers that
+        came in, end the turn when it says so; ``PauseHeard`` when it waits on a pause whose words read whole."""
+        assert self.vad is not None and self.turn is not None and self._stream is not None
+        turn, pause = self.turn, self.vad.pause_since
+        step = turn.observe(t, self.vad.speaking and pause is None, pause)
+        if step.action is not TurnAction.END:
+            step = turn.poll(t) or step
+        if step.action is TurnAction.END:
+            self.vad.reset()  # the VAD starts over: speech from now on is a new utterance
+            ended = self._close(pause if pause is not None else t, t, reason=step.reason)
+            ended.utterance.probability = turn.policy.last_probability
+            return [ended]
+        stream = self._stream
+        if (
+            turn.wait_reason == "incomplete"
+            and turn.has_transcript
+            and not self._paused_heard
+            and stream.nothing_new()
+            and stream.text
+        ):
+            self._paused_heard = True
+            return [PauseHeard(stream.text)]
+        return []
 
     def _addressed(self, event: VadEvent) -> bool:
         """Speech opens a turn unless a wake word is required and was not heard, or it is our own voice."""
@@ -226,18 +338,27 @@ class Listener:
         self._last_partial = ""
         if len(preroll):
             self._stream.add(preroll)
+        if self.turn is not None:
+            self.turn.start_turn(preroll)
 
     def _add(self, samples: np.ndarray) -> None:
         assert self._stream is not None
         self._stream.add(samples)
+        if self.turn is not None:
+            self.turn.add(samples)
 
-    def _close(self, speech_end: float, endpoint: float, cut: bool = False) -> UtteranceEnded:
+    def _close(self, speech_end: float, endpoint: float, cut: bool = False, reason: str = "manual") -> UtteranceEnded:
         assert self._stream is not None
         running, self._pass = self._pass, None  # it belongs to this utterance now: final() waits for it
-        utterance = Utterance(self._stream, self._start_t, speech_end, endpoint, cut, running)
+        self._pass_of = (None, None)
+        utterance = Utterance(
+            self._stream, self._start_t, speech_end, endpoint, cut, running, reason="cut" if cut else reason
+        )
         self._stream = None
         if cut and self.vad is not None:
             self.vad.reset()  # the VAD starts over: speech that goes on is a new utterance
+        if self.turn is not None:
+            self.turn.policy.reset()
         return UtteranceEnded(utterance)
 
     def end(self) -> UtteranceEnded | None:
@@ -257,31 +378,52 @@ class Listener:
         self._stream = None
         if self.vad is not None:
             self.vad.reset()
+        if self.turn is not None:
+            self.turn.policy.reset()
+
+    async def settle(self) -> None:
+        """Wait for the background work (Whisper pass, Smart Turn call); what it decided comes out of the next
+        ``accept_chunk``. For lockstep runs (tests): the decisions then depend on the audio only."""
+        pending = {f for f in (self._pass, self.turn.in_flight if self.turn is not None else None) if f is not None}
+        if pending:
+            await asyncio.wait(pending)
 
     async def close(self) -> None:
-        """Drop what is in progress; a pass still running in the STT worker is waited for (it cannot be cut)."""
+        """Drop what is in progress; work still running in a worker is waited for (it cannot be cut)."""
         self._stream = None
         if self._pass is not None:
             await asyncio.wait({self._pass})
             self._pass = None
+        if self.turn is not None:
+            await self.turn.close()
 
     # ---- partial passes -------------------------------------------------------------------------------------
 
     def _maybe_pass(self, now: float) -> None:
-        """Start a partial pass when none runs and either the interval passed or a pause just began."""
-        if self._pass is not None:
+        """Start a partial pass when none runs and either the interval passed or a pause just began. The pass
+        at a pause decodes with the final's beam (and, for the semantic end, the prompt that makes Whisper
+        write a fragment as one: "Turn on the..."), since it becomes the final if the turn ends there."""
+        stream = self._stream
+        if self._pass is not None or stream is None:
             return
         interval = max(self.partial_interval_s, 2 * self._pass_s)  # at most half the time decoding
         pause = self.vad.pause_since if self.vad is not None else None
-        new_pause = pause is not None and now - pause >= PAUSE_PASS_S and self._pass_started < pause
-        if now - self._pass_started >= interval or new_pause:
+        # the first pass to start in a pause is its pass, even one the interval started: it sees every word
+        new_pause = pause is not None and self._pass_started < pause
+        if now - self._pass_started >= interval or pause is not None and new_pause and now - pause >= PAUSE_PASS_S:
             self._pass_started = now
-            self._pass = asyncio.ensure_future(self._run_pass(self._stream))
+            self._pass_of = (stream, pause if new_pause else None)
+            if new_pause:
+                style = TRANSCRIPT_PROMPT if self.turn is not None else None
+                work = stream.partial(style=style, final_beam=True, min_new_s=0.0)
+            else:
+                work = stream.partial()
+            self._pass = asyncio.ensure_future(self._run_pass(work))
 
-    async def _run_pass(self, stream: StreamingTranscription | None) -> str | None:
+    async def _run_pass(self, work: Coroutine[Any, Any, str | None]) -> str | None:
         started = time.monotonic()
         try:
-            return await stream.partial() if stream is not None else None
+            return await work
         finally:
             self._pass_s = time.monotonic() - started
 
@@ -291,20 +433,24 @@ class Listener:
         if task is None or not task.done():
             return []
         self._pass = None
-        text = None
-        if task.cancelled():
-            pass
-        elif task.exception() is not None:  # the final pass will try again; say why this one failed
+        (of_stream, of_pause), self._pass_of = self._pass_of, (None, None)
+        ok = not task.cancelled() and task.exception() is None
+        if not task.cancelled() and not ok:  # the final pass will try again; say why this one failed
             log.warning("partial transcription failed", extra={"error": repr(task.exception())})
-        else:
-            text = task.result()
+        text = task.result() if ok else None
         events: list[ListenEvent] = []
         stream = self._stream
-        if text and stream is not None and text != self._last_partial:
+        if stream is None or stream is not of_stream:
+            return events  # the utterance it was for was dropped (clear)
+        if text and text != self._last_partial:
             self._last_partial = text
             events.append(TranscriptPartial(text, stream.committed))
-        paused = self.vad is not None and self.vad.pause_since is not None
-        if stream is not None and paused and not self._paused_heard and stream.nothing_new() and stream.text:
+        pause = self.vad.pause_since if self.vad is not None else None
+        if self.turn is not None:
+            if ok and of_pause is not None and of_pause == pause:
+                # the pass that started in this pause saw every word before it: the semantic end's transcript
+                self.turn.transcript(stream.text_before(stream.elapsed - (self._end_t - pause)))
+        elif pause is not None and not self._paused_heard and stream.nothing_new() and stream.text:
             self._paused_heard = True
             events.append(PauseHeard(stream.text))
         return events

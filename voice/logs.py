@@ -52,6 +52,7 @@ class JournalPriority(logging.Formatter):
         prefix = f"<{journal_priority(record.levelno)}>"
         return "\n".join(prefix + line for line in self.inner.format(record).splitlines() or [""])
 
+
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
 
 
@@ -95,8 +96,15 @@ class ClientWarnings:
     ``max_clients`` buckets are kept (least recently warned first out), so spoofed or many addresses cannot
     grow it either. Never logs a traceback unless asked (``exc_info``: for a bug, not for bad input)."""
 
-    def __init__(self, logger: logging.Logger, *, burst: int = 5, period_s: float = 60.0,
-                 max_clients: int = 1024, clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        burst: int = 5,
+        period_s: float = 60.0,
+        max_clients: int = 1024,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger, self.burst, self.period_s, self.max_clients = logger, burst, period_s, max_clients
         self._clock = clock
         self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
@@ -129,3 +137,25 @@ class _Bucket:
     tokens: float
     t: float
     dropped: int = 0
+
+
+class RateLimitedLog:
+    """``ClientWarnings`` for one client whose every line carries the same ``context`` (a websocket connection:
+    session, peer): ``warning(message, **fields)``, at most ``burst`` per ``period_s``."""
+
+    def __init__(
+        self,
+        logger: logging.Logger,
+        *,
+        burst: int = 5,
+        period_s: float = 60.0,
+        clock: Callable[[], float] = time.monotonic,
+        **context: Any,
+    ) -> None:
+        self._warnings = ClientWarnings(logger, burst=burst, period_s=period_s, max_clients=1, clock=clock)
+        self.context = context
+        self.client = str(context.get("peer", ""))
+
+    def warning(self, message: str, **fields: Any) -> bool:
+        """Log unless over the rate; returns whether it was logged."""
+        return self._warnings.warn(self.client, message, **{**self.context, **fields})

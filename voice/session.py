@@ -25,10 +25,20 @@ import numpy as np
 
 from voice.actions import action_instructions
 from voice.config import Config
-from voice.events import (Event, EventHandler, PauseHeard, SpeechResumed, SpeechStarted, SpeechStopped, State,
-                          StateChanged, TranscriptPartial, TurnDone)
+from voice.events import (
+    Event,
+    EventHandler,
+    PauseHeard,
+    SpeechResumed,
+    SpeechStarted,
+    SpeechStopped,
+    State,
+    StateChanged,
+    TranscriptPartial,
+    TurnDone,
+)
 from voice.latency import LatencyStats, LatencyTrace
-from voice.listener import ListenEvent, Listener, Utterance, UtteranceEnded
+from voice.listener import Listener, ListenEvent, Utterance, UtteranceEnded
 from voice.turn import EarlyReply, Turn, TurnContext
 
 log = logging.getLogger("specvoice.session")
@@ -55,8 +65,15 @@ class Host(Protocol):
 class Session:
     """One conversation with its own history, KV caches and listener. Call everything from the event loop."""
 
-    def __init__(self, assistant: Host, on_event: EventHandler | None = None, *, sink: Any = None,
-                 name: str = "", endpointing: bool = True) -> None:
+    def __init__(
+        self,
+        assistant: Host,
+        on_event: EventHandler | None = None,
+        *,
+        sink: Any = None,
+        name: str = "",
+        endpointing: bool = True,
+    ) -> None:
         cfg = assistant.config
         self.assistant = assistant
         self.config = cfg
@@ -65,16 +82,27 @@ class Session:
         self.state = State.IDLE
         self._on_event = on_event or (lambda event: None)
         allowed = {topic: list(payloads) for topic, payloads in cfg.mqtt.allowed_actions.items()}
-        system_prompt = cfg.dialog.system_prompt
-        if allowed:
-            system_prompt += "\n\n" + action_instructions(allowed)
-        self.conversation = assistant.engine.conversation(system_prompt, cfg.dialog.history_tokens)
+        self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
+        self.conversation = assistant.engine.conversation(
+            cfg.dialog.system_prompt + self._actions_prompt, cfg.dialog.history_tokens
+        )
+        self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
-        self.ctx = TurnContext(conversation=self.conversation, decode=assistant.decode_settings(), tts=assistant.tts,
-                               tts_config=cfg.tts, sink=sink, emit=self.emit, set_state=self._set_state,
-                               generation_lock=assistant.generation_turn, stats=assistant.stats,
-                               turn_timeout_s=cfg.dialog.turn_timeout_s, stt_timeout_s=cfg.dialog.stt_timeout_s,
-                               allowed_actions=allowed, session_id=self.id)
+        self.ctx = TurnContext(
+            conversation=self.conversation,
+            decode=assistant.decode_settings(),
+            tts=assistant.tts,
+            tts_config=cfg.tts,
+            sink=sink,
+            emit=self.emit,
+            set_state=self._set_state,
+            generation_lock=assistant.generation_turn,
+            stats=assistant.stats,
+            turn_timeout_s=cfg.dialog.turn_timeout_s,
+            stt_timeout_s=cfg.dialog.stt_timeout_s,
+            allowed_actions=allowed,
+            session_id=self.id,
+        )
         self._turn_ids = itertools.count(1)
         self._listen_trace: LatencyTrace | None = None
         self._turn: Turn | None = None
@@ -125,8 +153,9 @@ class Session:
 
     # ---- audio in -------------------------------------------------------------------------------------------
 
-    async def push_audio(self, samples: np.ndarray, t: float | None = None,
-                         reference: np.ndarray | None = None) -> None:
+    async def push_audio(
+        self, samples: np.ndarray, t: float | None = None, reference: np.ndarray | None = None
+    ) -> None:
         """Feed microphone audio (int16 mono 16 kHz). ``t``: monotonic time of its first sample (default:
         contiguous with the last push). ``reference``: what the speaker played over the same interval (16 kHz),
         so our own voice never counts as the user's."""
@@ -141,11 +170,12 @@ class Session:
             if self.replying:
                 await self._interrupt()
             self._listen_trace = self._new_trace()
-            self._listen_trace.mark("speech_start", event.t)
+            self._listen_trace.mark("speech_start", self.listener.arrival(event.t))
             self._set_state(State.LISTENING)
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
+            self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
             self._start_early(event.text)
         elif isinstance(event, SpeechResumed):
@@ -157,12 +187,30 @@ class Session:
         """The user's turn is over: transcribe it and reply, in a turn that a barge-in can cancel."""
         u = ended.utterance
         trace, self._listen_trace = self._listen_trace or self._new_trace(), None
-        trace.mark("speech_start", u.speech_start)
-        trace.mark("speech_end", u.speech_end)
-        trace.mark("endpoint", u.endpoint)
+        for mark, t in (("speech_start", u.speech_start), ("speech_end", u.speech_end), ("endpoint", u.endpoint)):
+            trace.mark(mark, self.listener.arrival(t))  # the wall clock, as every later mark
+        trace.extra["end_of_turn"] = {
+            "rule": self.listener.end_of_turn,
+            "reason": u.reason,
+            "probability": u.probability,
+        }
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
+
+    def _prefill(self, committed: str) -> None:
+        """Work during speech: the committed words (they never change) go into the LLM caches now, right after
+        the Whisper pass that committed them, so the reply at the end of the turn prefills only the rest. One
+        prefill at a time, none while a reply runs; it yields to a reply at its next chunk."""
+        if (
+            not self.config.dialog.prefill_during_speech
+            or not committed
+            or self.replying
+            or self._early is not None
+            or (self._warm is not None and not self._warm.done())
+        ):
+            return
+        self._warm = self.assistant.spawn(self.conversation.warm(committed))
 
     def _start_early(self, text: str) -> None:
         """The user paused and the transcript covers all their speech: start the reply now, while the end of the
@@ -172,6 +220,11 @@ class Session:
             return
         self._early = EarlyReply(self.ctx, text, on_adopt=self._count_adopted)
         self.early_replies["started"] += 1
+
+    @property
+    def early_reply(self) -> EarlyReply | None:
+        """The reply started on the pause transcript and not yet adopted or dropped, if any."""
+        return self._early
 
     def _count_adopted(self) -> None:
         self.early_replies["adopted"] += 1
@@ -209,15 +262,17 @@ class Session:
 
     # ---- text in --------------------------------------------------------------------------------------------
 
-    async def ask(self, text: str, *, speak: bool = True) -> TurnDone:
-        """A text turn: the reply is generated (and spoken) with the same events as a voice turn."""
-        text = text.strip()
-        if not text:
-            raise ValueError("ask() needs a non-empty question")
+    async def ask(self, text: str | None, *, speak: bool = True) -> TurnDone:
+        """A text turn: the reply is generated (and spoken) with the same events as a voice turn. ``None``: no new
+        words, the reply continues the history as it is (a greeting; the answer after a function's output)."""
+        if text is not None:
+            text = text.strip()
+            if not text:
+                raise ValueError("ask() needs a non-empty question (or None to continue the conversation)")
         await self._interrupt()
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
-        self._turn = turn = Turn(self.ctx, text, trace, speak=speak).start()
+        self._turn = turn = Turn(self.ctx, text or "", trace, speak=speak).start()
         done = await self._wait(turn)
         assert done is not None
         return done
@@ -242,6 +297,20 @@ class Session:
     async def wait_turn(self) -> TurnDone | None:
         """Wait for the turn in progress (if any) to finish; returns its TurnDone."""
         return await self._turn.wait() if self._turn is not None else None
+
+    def set_instructions(self, text: str | None) -> None:
+        """The system prompt from now on (a websocket client's ``instructions``; None: the configured one). The
+        home-action commands stay appended: they are the only way the model knows them. The caches keep what
+        still matches, and the new prompt is prefilled now if the session is idle."""
+        prompt = (self.config.dialog.system_prompt if text is None else text) + self._actions_prompt
+        messages = self.conversation.messages
+        if self._system is None or not any(m is self._system for m in messages):
+            self._system = {"role": "system", "content": prompt}
+            messages.insert(0, self._system)
+        else:
+            self._system["content"] = prompt
+        if not self.replying and (self._warm is None or self._warm.done()):
+            self._warm = self.assistant.spawn(self.conversation.warm())
 
     def truncate(self, heard_ms: float) -> str | None:
         """The client says the listener heard only ``heard_ms`` of the last reply's audio

@@ -54,8 +54,9 @@ def espeak_utterance(text: str, rate: int = RATE, wpm: int = 150, voice: str = "
         raise RuntimeError("espeak-ng is not installed; fix: apt-get install espeak-ng")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "e.wav"
-        subprocess.run(["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(out), text], check=True,
-                       capture_output=True)
+        subprocess.run(
+            ["espeak-ng", "-v", voice, "-s", str(wpm), "-w", str(out), text], check=True, capture_output=True
+        )
         samples, src = read_wav(out)
     return resample(samples, src, rate)
 
@@ -68,8 +69,9 @@ def _piper_voice(name: str = "piper-joe-medium"):
 
 
 @functools.lru_cache(maxsize=512)
-def piper_utterance(text: str, rate: int = RATE, *, length_scale: float | None = None,
-                    deterministic: bool = False) -> np.ndarray:
+def piper_utterance(
+    text: str, rate: int = RATE, *, length_scale: float | None = None, deterministic: bool = False
+) -> np.ndarray:
     """``text`` spoken by the bundled piper voice, resampled to ``rate``, int16 mono. ``length_scale`` > 1 speaks
     slower. Piper samples noise inside its model, so two calls differ slightly; ``deterministic`` turns that
     noise off (the same samples every time, a slightly flatter voice)."""
@@ -163,8 +165,25 @@ def _noise_bed(kind: NoiseKind, seconds: int = 60) -> np.ndarray:
         raise RuntimeError("sox is not installed; fix: apt-get install sox (or `make system-deps`)")
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "n.wav"
-        subprocess.run(["sox", "-R", "-n", "-r", str(RATE), "-c", "1", "-b", "16", str(out), "synth",
-                        str(seconds), f"{kind}noise"], check=True, capture_output=True)
+        subprocess.run(
+            [
+                "sox",
+                "-R",
+                "-n",
+                "-r",
+                str(RATE),
+                "-c",
+                "1",
+                "-b",
+                "16",
+                str(out),
+                "synth",
+                str(seconds),
+                f"{kind}noise",
+            ],
+            check=True,
+            capture_output=True,
+        )
         samples, _ = read_wav(out)
     bed = samples.astype(np.float32)
     bed -= bed.mean()
@@ -178,17 +197,18 @@ def noise(kind: NoiseKind, n: int, seed: int) -> np.ndarray:
     if n > len(bed):
         raise ValueError(f"at most {len(bed)} noise samples at once (asked {n})")
     start = int(np.random.default_rng(seed).integers(0, len(bed) - n + 1))
-    return bed[start:start + n]
+    return bed[start : start + n]
 
 
 def speech_power(samples: np.ndarray, spans: tuple[tuple[float, float], ...], rate: int = RATE) -> float:
     """Mean power of ``samples`` inside the spoken spans: the "signal" of a signal-to-noise ratio."""
-    pieces = [samples[int(a * rate):int(b * rate)].astype(np.float64) for a, b in spans]
+    pieces = [samples[int(a * rate) : int(b * rate)].astype(np.float64) for a, b in spans]
     return float(np.mean(np.square(np.concatenate(pieces))))
 
 
-def mix_at_snr(speech: np.ndarray, spans: tuple[tuple[float, float], ...], kind: NoiseKind, snr_db: float,
-               seed: int) -> np.ndarray:
+def mix_at_snr(
+    speech: np.ndarray, spans: tuple[tuple[float, float], ...], kind: NoiseKind, snr_db: float, seed: int
+) -> np.ndarray:
     """``speech`` (int16) with ``kind`` noise over its whole length, scaled so that inside ``spans`` the speech
     power is exactly ``snr_db`` above the noise power. Returns int16 (clipped, which at these levels never
     happens for the synthetic voices)."""
@@ -202,8 +222,9 @@ def _seed(key: str) -> int:
     return zlib.crc32(key.encode())  # stable across processes (str hash() is salted)
 
 
-def _assemble(uid: str, voice: Voice, pieces: list[str], pauses_s: list[float], lead_s: float,
-              tail_s: float) -> Utterance:
+def _assemble(
+    uid: str, voice: Voice, pieces: list[str], pauses_s: list[float], lead_s: float, tail_s: float
+) -> Utterance:
     """Speak each piece on its own and join them with the given silences; add lead and tail silence."""
     chunks, spans, t = [np.zeros(int(lead_s * RATE), np.int16)], [], lead_s
     for i, piece in enumerate(pieces):
@@ -301,15 +322,21 @@ TURN_TAIL_S = 2.5  # silence after it: longer than any end-of-turn wait, so ever
 def varied_set() -> tuple[Utterance, ...]:
     """Every ``VARIED_SENTENCES`` sentence in every ``VARIED_VOICES`` voice (168 utterances), with 0.25 s of
     silence (or noise) on either side."""
-    return tuple(_assemble(f"{v.name}/{i:02d}", v, [text], [], 0.25, 0.25)
-                 for v in VARIED_VOICES for i, text in enumerate(VARIED_SENTENCES))
+    return tuple(
+        _assemble(f"{v.name}/{i:02d}", v, [text], [], 0.25, 0.25)
+        for v in VARIED_VOICES
+        for i, text in enumerate(VARIED_SENTENCES)
+    )
 
 
 @functools.cache
 def complete_turns() -> tuple[Utterance, ...]:
     """Each ``COMPLETE_REQUESTS`` request in each ``TURN_VOICES`` voice, with lead and tail silence."""
-    return tuple(_assemble(f"{v.name}/complete{i:02d}", v, [text], [], TURN_LEAD_S, TURN_TAIL_S)
-                 for v in TURN_VOICES for i, text in enumerate(COMPLETE_REQUESTS))
+    return tuple(
+        _assemble(f"{v.name}/complete{i:02d}", v, [text], [], TURN_LEAD_S, TURN_TAIL_S)
+        for v in TURN_VOICES
+        for i, text in enumerate(COMPLETE_REQUESTS)
+    )
 
 
 @functools.cache

@@ -4,8 +4,18 @@ Whisper is not a streaming model, so partial transcripts come from re-decoding t
 (in a worker thread) and committing only the words that two consecutive passes agree on (LocalAgreement-2,
 as in ufal/whisper_streaming): committed words never change, so a partial is a prefix of the final. Long
 utterances are trimmed at committed sentence ends so each pass stays short. At end of speech ``final``
-re-decodes only the audio after the trim point, and not at all when the last pass already saw every sample.
-Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
+re-decodes only the audio after the trim point, and not at all when the last pass already saw every sample
+(the Listener runs one when the user pauses, so a turn that ends in that pause has its final for free).
+
+Why ``final`` does not decode only the audio after the committed words: faster-whisper pads every window to
+30 s, and the encoder's cost is that of the 30 s window whatever the audio length (tiny.en int8 on this 2-core
+CPU: 500-700 ms for the 30 s encoder, most of a pass; the decoder's few tokens are the rest), so a shorter
+clip saves little and loses the context Whisper needs at the cut. What the final must guarantee instead is
+that it never loses what was committed: the committed words are kept verbatim and the last pass only adds
+what follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
+
+Two beam sizes: ``stt.partial_beam_size`` for the passes while the user speaks (they only have to agree with
+each other) and ``stt.beam_size`` for every pass that can become the final (at a pause, and the final's own).
 """
 
 from __future__ import annotations
@@ -29,9 +39,20 @@ RATE = SPEECH_RATE
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
 HALLUCINATIONS = {
-    "thank you", "thanks for watching", "thank you for watching", "thank you so much for watching",
-    "please subscribe", "like and subscribe", "you", "bye", "bye bye", "so", "okay",
-    "subtitles by the amara org community", "thank you very much", "the end",
+    "thank you",
+    "thanks for watching",
+    "thank you for watching",
+    "thank you so much for watching",
+    "please subscribe",
+    "like and subscribe",
+    "you",
+    "bye",
+    "bye bye",
+    "so",
+    "okay",
+    "subtitles by the amara org community",
+    "thank you very much",
+    "the end",
 }
 _QUIET_RMS = 0.003  # about -50 dBFS
 _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
@@ -39,6 +60,7 @@ _TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is t
 _MAX_BUFFER_S = 25.0  # Whisper sees 30 s windows: trim at any committed word beyond this
 _MIN_NEW_S = 0.2  # a partial pass needs at least this much new audio
 _TAIL_RMS = 0.01  # about -40 dBFS: audio after the last pass this quiet needs no re-decode
+_ALIGN_S = 0.6  # a new pass's copy of the last committed word lies within this of where it was heard
 
 
 @dataclass(frozen=True)
@@ -70,17 +92,25 @@ class SpeechToText:
         # the thread Whisper passes run on (the assistant owns it; standalone use gets its own)
         self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-stt")
         try:
-            self.model = WhisperModel(str(resolved.path or resolved.hub_id), device=settings.device,
-                                      compute_type=settings.compute_type, cpu_threads=settings.threads)
+            self.model = WhisperModel(
+                str(resolved.path or resolved.hub_id),
+                device=settings.device,
+                compute_type=settings.compute_type,
+                cpu_threads=settings.threads,
+            )
         except Exception as exc:  # faster-whisper raises a mix of OSError/RuntimeError/hub errors
             if resolved.hub_id is not None:
                 raise hub_error(resolved, exc) from None
-            raise ModelError(f"cannot load Whisper model {resolved.location} ({exc}); fix: check stt.device and "
-                             f"stt.compute_type, or run `specvoice models verify`") from None
+            raise ModelError(
+                f"cannot load Whisper model {resolved.location} ({exc}); fix: check stt.device and "
+                f"stt.compute_type, or run `specvoice models verify`"
+            ) from None
         self.language = settings.language
         if not self.model.model.is_multilingual and self.language not in (None, "en"):
-            raise ModelError(f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
-                             f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)")
+            raise ModelError(
+                f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
+                f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)"
+            )
         self._lock = threading.Lock()
         self.passes = 0  # decoder passes run, for benchmarks and tests
         self.decoded_s = 0.0  # audio seconds decoded
@@ -88,15 +118,22 @@ class SpeechToText:
     def stream(self) -> StreamingTranscription:
         return StreamingTranscription(self)
 
-    def decode(self, audio: np.ndarray, prompt: str | None = None) -> list[Word]:
-        """One Whisper pass over float32 16 kHz ``audio`` (blocking: call it from a worker thread)."""
+    def decode(self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None) -> list[Word]:
+        """One Whisper pass over float32 16 kHz ``audio`` (blocking: call it from a worker thread).
+        ``beam_size``: default ``stt.beam_size`` (the final's)."""
         if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
             return []
         with self._lock:
             segments, _ = self.model.transcribe(
-                audio, language=self.language, beam_size=self.settings.beam_size, temperature=0.0,
-                word_timestamps=True, condition_on_previous_text=False, initial_prompt=prompt or None,
-                vad_filter=False)
+                audio,
+                language=self.language,
+                beam_size=beam_size or self.settings.beam_size,
+                temperature=0.0,
+                word_timestamps=True,
+                condition_on_previous_text=False,
+                initial_prompt=prompt or None,
+                vad_filter=False,
+            )
             words: list[Word] = []
             for seg in segments:
                 if self._hallucinated(seg, audio):
@@ -111,13 +148,15 @@ class SpeechToText:
     def _hallucinated(seg, audio: np.ndarray) -> bool:
         if _norm(seg.text) not in HALLUCINATIONS:
             return False
-        span = audio[int(seg.start * RATE):max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
+        span = audio[int(seg.start * RATE) : max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
         rms = float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
         return seg.no_speech_prob >= 0.3 or rms < _QUIET_RMS
 
-    async def run_decode(self, audio: np.ndarray, prompt: str | None = None) -> list[Word]:
+    async def run_decode(
+        self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None
+    ) -> list[Word]:
         """``decode`` on the STT worker thread."""
-        return await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, audio, prompt)
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, audio, prompt, beam_size)
 
     async def transcribe(self, samples: np.ndarray) -> str:
         """Whole-utterance transcription (int16 16 kHz), one pass on the STT worker."""
@@ -127,12 +166,14 @@ class SpeechToText:
 class StreamingTranscription:
     """One utterance: ``add`` audio as it arrives, ask for ``partial`` now and then, ``final`` at the end.
 
-    ``committed`` is the agreed text (it only grows); ``tentative`` is the rest of the latest pass.
+    ``committed`` is the agreed text (it only grows, and every later partial and the final start with it);
+    ``tentative`` is the rest of the latest pass.
     """
 
     def __init__(self, stt: SpeechToText) -> None:
         self.stt = stt
         self._audio = np.zeros(0, dtype=np.float32)  # since the last trim
+        self._offset_s = 0.0  # seconds trimmed off the front: buffer time + offset = time since the first sample
         self._done: list[str] = []  # text of trimmed (finished) sentences
         self._committed: list[Word] = []  # agreed words inside the current buffer
         self._previous: list[Word] | None = None  # last pass's words after the committed ones
@@ -150,6 +191,11 @@ class StreamingTranscription:
         return len(self._audio) / RATE
 
     @property
+    def elapsed(self) -> float:
+        """Seconds of audio added since the first sample (``duration`` plus what trimming dropped)."""
+        return self._offset_s + self.duration
+
+    @property
     def committed(self) -> str:
         return " ".join([*self._done, _join(self._committed)]).strip()
 
@@ -161,31 +207,63 @@ class StreamingTranscription:
     def text(self) -> str:
         return " ".join(p for p in (*self._done, _join(self._committed + (self._previous or []))) if p)
 
-    def _prompt(self) -> str | None:
-        return " ".join(self._done)[-200:] or None
+    def text_before(self, t: float) -> str:
+        """The words of ``text`` that start before ``t`` seconds after the first sample: what the user said
+        before a pause that began at ``t`` (Whisper sometimes ends a fragment with a word it invents in the
+        silence that follows: "Set a timer for it.")."""
+        cut = t - self._offset_s
+        words = [w for w in self._committed + (self._previous or []) if w.start < cut]
+        return " ".join(p for p in (*self._done, _join(words)) if p)
 
-    async def _pass(self) -> list[Word]:
-        audio, prompt = self._audio, self._prompt()
-        words = await self.stt.run_decode(audio, prompt)
+    def _prompt(self, style: str | None = None) -> str | None:
+        return " ".join(p for p in (style, " ".join(self._done)[-200:]) if p) or None
+
+    async def _pass(self, style: str | None = None, beam_size: int | None = None) -> list[Word]:
+        audio, prompt = self._audio, self._prompt(style)
+        words = await self.stt.run_decode(audio, prompt, beam_size)
         self._decoded_len = len(audio)
         self.passes += 1
         return words
 
     def _after_committed(self, words: list[Word]) -> list[Word]:
-        """The part of a new pass that follows the committed words (by text when it agrees, else by time)."""
+        """The part of a new pass that follows the committed words: after them when the pass starts with the
+        same words; else after the last place the pass repeats the committed words' ending (2 words, then
+        1, near where they were heard); else by time. Never the committed words again, so nothing is doubled,
+        and a pass that reads the start differently ("What's" for "What is") cannot drop the words after it."""
         n = len(self._committed)
         if n == 0:
             return words
-        if [w.key for w in words[:n]] == [w.key for w in self._committed]:
+        keys = [w.key for w in words]
+        if keys[:n] == [w.key for w in self._committed]:
             return words[n:]
-        edge = self._committed[-1].end - 0.05
+        last = self._committed[-1]
+        for k in (2, 1):
+            tail = [w.key for w in self._committed[-k:]]
+            if len(tail) < k:
+                continue
+            found = [
+                i
+                for i in range(len(words) - k + 1)
+                if keys[i : i + k] == tail and abs(words[i + k - 1].end - last.end) < _ALIGN_S
+            ]
+            if found:
+                return words[found[-1] + k :]
+        edge = last.end - 0.05
         return [w for w in words if w.start >= edge]
 
-    async def partial(self) -> str | None:
-        """Re-decode the buffer and return committed + tentative text; None when there is no new speech."""
-        if len(self._audio) - max(self._decoded_len, 0) < _MIN_NEW_S * RATE or self.nothing_new():
+    async def partial(
+        self, *, style: str | None = None, final_beam: bool = False, min_new_s: float = _MIN_NEW_S
+    ) -> str | None:
+        """Re-decode the buffer and return committed + tentative text; None when there is no new speech.
+
+        ``style``: an initial prompt for this pass (audio.turn.TRANSCRIPT_PROMPT at a pause); ``final_beam``:
+        decode with ``stt.beam_size`` (a pass at a pause becomes the final when the turn ends there), else
+        ``stt.partial_beam_size``; ``min_new_s``: skip the pass with less new audio than this."""
+        new_s = (len(self._audio) - max(self._decoded_len, 0)) / RATE
+        if new_s <= 0 or new_s < min_new_s or self.nothing_new():
             return None  # too little new audio, or only silence since the last pass: decoding it changes nothing
-        new = self._after_committed(await self._pass())
+        beam = None if final_beam else self.stt.settings.partial_beam_size
+        new = self._after_committed(await self._pass(style, beam))
         if self._previous is not None:
             agree = 0
             while agree < min(len(new), len(self._previous)) and new[agree].key == self._previous[agree].key:
@@ -211,9 +289,10 @@ class StreamingTranscription:
         cut_s = self._committed[cut].end
         self._done.append(_join(self._committed[: cut + 1]))
         shift = lambda ws: [replace(w, start=w.start - cut_s, end=w.end - cut_s) for w in ws]  # noqa: E731
-        self._committed = shift(self._committed[cut + 1:])
+        self._committed = shift(self._committed[cut + 1 :])
         self._previous = shift(self._previous or [])
-        self._audio = self._audio[int(cut_s * RATE):]
+        self._audio = self._audio[int(cut_s * RATE) :]
+        self._offset_s += int(cut_s * RATE) / RATE
         self._decoded_len = -1
         log.debug("trimmed stt buffer", extra={"at_s": cut_s})
 
@@ -222,12 +301,18 @@ class StreamingTranscription:
         silence the VAD waited for) since then."""
         if self._decoded_len < 0:
             return False
-        tail = self._audio[self._decoded_len:]
+        tail = self._audio[self._decoded_len :]
         return len(tail) == 0 or float(np.sqrt(np.mean(np.square(tail)))) < _TAIL_RMS
 
     async def final(self) -> str:
-        """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new)."""
+        """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new).
+        It always starts with the committed text: a pass can add words after it, never take them back."""
+        committed = self.committed
         self.final_decoded = not self.nothing_new()
         if self.final_decoded:
             self._previous = self._after_committed(await self._pass())
-        return self.text
+        text = self.text
+        if not text.startswith(committed):  # cannot happen by construction; the guarantee is kept explicit
+            log.warning("final lost committed words", extra={"committed": committed, "final": text})
+            text = committed
+        return text

@@ -10,9 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterable
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -20,20 +21,43 @@ from voice.config import TTSConfig
 from voice.models import ModelError, Resolved
 
 
+@runtime_checkable
+class SpeechSynthesizer(Protocol):
+    """What the rest of specvoice asks of a TTS engine; piper (``TextToSpeech``) and a Wyoming server
+    (``voice.remote_speech.RemoteTextToSpeech``) are two. Why an interface: piper-tts is GPL-3.0 while specvoice
+    is Apache-2.0, so a permissively licensed engine must be able to take its place by implementing these four
+    members, with no change to sessions, turns or transports (and the assistant takes any of them).
+
+    ``stream`` yields int16 mono PCM chunks at ``sample_rate`` as they are ready and stops at its next chunk
+    when closed or cancelled (barge-in); ``synthesize`` is the blocking whole-text form (WAV demos, benchmarks);
+    ``language`` is what Wyoming and Home Assistant are told (e.g. "en_US", "und" when unknown)."""
+
+    sample_rate: int
+    language: str
+
+    def stream(self, fragment: str) -> AsyncIterator[np.ndarray]: ...
+
+    def synthesize(self, text: str, stop: threading.Event | None = None) -> Iterable[np.ndarray]: ...
+
+
 class TextToSpeech:
-    """A loaded piper voice. ``sample_rate`` is the voice's rate (22050 Hz for joe-medium)."""
+    """A loaded piper voice (a ``SpeechSynthesizer``). ``sample_rate`` is the voice's rate (22050 Hz for joe-medium)."""
 
     def __init__(self, resolved_voice: Resolved, settings: TTSConfig, executor: Executor | None = None) -> None:
         from piper import PiperVoice, SynthesisConfig
 
         if resolved_voice.path is None:
-            raise ModelError(f"TTS voice {resolved_voice.name!r} must be a local piper .onnx file (hub voices are "
-                             f"not fetched); fix: set models.tts = 'piper-joe-medium' or a path to a .onnx voice")
+            raise ModelError(
+                f"TTS voice {resolved_voice.name!r} must be a local piper .onnx file (hub voices are "
+                f"not fetched); fix: set models.tts = 'piper-joe-medium' or a path to a .onnx voice"
+            )
         path = Path(resolved_voice.path)
         config = Path(str(path) + ".json")
         if not config.exists():
-            raise ModelError(f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
-                             f"next to the .onnx file")
+            raise ModelError(
+                f"piper voice {path} has no {config.name} beside it; fix: put the voice's .onnx.json "
+                f"next to the .onnx file"
+            )
         # our own onnxruntime session rather than PiperVoice.load's: piper's keeps its idle threads spinning, and
         # while we speak the LLM is still generating on the same cores, so synthesis gets threads that sleep
         import onnxruntime
@@ -42,8 +66,10 @@ class TextToSpeech:
         try:
             voice_config = PiperConfig.from_dict(json.loads(config.read_text()))
         except (ValueError, KeyError) as exc:
-            raise ModelError(f"piper voice config {config} is unreadable ({type(exc).__name__}: {exc}); fix: "
-                             f"restore the voice's .onnx.json (`specvoice models verify --repair`)") from None
+            raise ModelError(
+                f"piper voice config {config} is unreadable ({type(exc).__name__}: {exc}); fix: "
+                f"restore the voice's .onnx.json (`specvoice models verify --repair`)"
+            ) from None
         options = onnxruntime.SessionOptions()
         options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         options.add_session_config_entry("session.inter_op.allow_spinning", "0")

@@ -14,46 +14,18 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, Callable
-from dataclasses import dataclass
 from typing import Any
 
 from audio.resample import resample
 from voice.actions import ActionParser
-from voice.chunker import Chunker
-from voice.config import TTSConfig
-from voice.events import (ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone,
-                          TurnError)
-from voice.latency import LatencyStats, LatencyTrace
+from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
+from voice.latency import LatencyTrace
 from voice.listener import Utterance
 from voice.reply import ReplyOutcome, SpokenFragment, StageError
+from voice.toolcalls import ToolCallParser, call_message
+from voice.turn_context import EarlyReply, Pieces, TurnContext
 
 log = logging.getLogger("specvoice.turn")
-
-
-@dataclass
-class TurnContext:
-    """What every turn of one session speaks with; built once by the session."""
-
-    conversation: Any  # llm.engine.Conversation
-    decode: Any  # llm.engine.DecodeSettings
-    tts: Any  # voice.tts.TextToSpeech
-    tts_config: TTSConfig
-    sink: Any  # audio.sinks.AudioSink, or None: the audio goes nowhere but in ReplyAudio events
-    emit: Callable[[Event], None]
-    set_state: Callable[[State], None]
-    generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
-    stats: LatencyStats
-    turn_timeout_s: float
-    stt_timeout_s: float
-    allowed_actions: dict[str, list[str]]
-    session_id: str = ""
-
-    def chunker(self) -> Chunker:
-        return Chunker.from_config(self.tts_config)
-
-
-Pieces = AsyncGenerator[Any, None]  # of llm Emission (.text, .t) or plain str
 
 
 class Turn:
@@ -66,9 +38,17 @@ class Turn:
     (announcements; nothing is committed). ``early``: a reply already generating on the pause transcript, which
     the turn adopts when the final transcript is the same words, and drops otherwise."""
 
-    def __init__(self, ctx: TurnContext, text: str, trace: LatencyTrace, *, speak: bool = True,
-                 source: str | None = None, utterance: Utterance | None = None,
-                 early: EarlyReply | None = None) -> None:
+    def __init__(
+        self,
+        ctx: TurnContext,
+        text: str,
+        trace: LatencyTrace,
+        *,
+        speak: bool = True,
+        source: str | None = None,
+        utterance: Utterance | None = None,
+        early: EarlyReply | None = None,
+    ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
         self.source, self.utterance, self.early = source, utterance, early
         self.outcome = ReplyOutcome()
@@ -78,6 +58,7 @@ class Turn:
         self._holding = False  # this turn holds the generation lock
         self._heard_cap: int | None = None  # the client said it heard only this many samples (truncate)
         self._committed: str | None = None  # the assistant message this turn wrote
+        self._tools: ToolCallParser | None = None
 
     @property
     def done(self) -> bool:
@@ -106,8 +87,7 @@ class Turn:
             self._heard_cap = samples if self._heard_cap is None else min(samples, self._heard_cap)
             return None
         messages = self.ctx.conversation.messages
-        if self._committed is None or not messages or messages[-1] != {"role": "assistant",
-                                                                       "content": self._committed}:
+        if self._committed is None or not messages or messages[-1] != {"role": "assistant", "content": self._committed}:
             return None  # nothing of ours to cut (no reply, or a later turn came since)
         heard = self.outcome.heard_text(samples)
         try:
@@ -139,6 +119,8 @@ class Turn:
                 return None
             self.text = text
         parser = ActionParser(ctx.allowed_actions) if ctx.allowed_actions and self._commits else None
+        tools = getattr(ctx.conversation, "tools", None) if self._commits else None  # declared: calls not spoken
+        self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
         sink = ctx.sink if self.speak else None
         if sink is not None:
             sink.begin_utterance()
@@ -216,7 +198,7 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        stream = self.ctx.conversation.reply(self.text, self.ctx.decode, commit=False)
+        stream = self.ctx.conversation.reply(self.text or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
                 yield emission
@@ -235,14 +217,17 @@ class Turn:
             # the exchange enters the history once: the whole reply (with its action markers) when it was all
             # delivered, else the words the user heard
             complete = not cut and not self.interrupted and error is None
-            self._committed = outcome.raw.strip() if complete else heard
+            calls = self._tools.calls if self._tools is not None and complete else []
+            self._committed = outcome.raw.strip() if complete and not calls else heard
             ctx.conversation.commit(self._committed)
+            ctx.conversation.messages.extend([call_message(heard, calls)] if calls else [])  # the template's form
             self._committed = self._committed or None
         stats = ctx.conversation.last_stats if self._commits else None
-        trace.extra.update({"interrupted": self.interrupted,
-                            "decoder": stats.to_dict() if stats is not None else None})
-        for request in (parser.requests if parser else []):
+        trace.extra.update({"interrupted": self.interrupted, "decoder": stats.to_dict() if stats is not None else None})
+        for request in parser.requests if parser else []:
             ctx.emit(request if isinstance(request, ActionRequested) else ActionRequested(**request))
+        for call in self._tools.calls if self._tools is not None and not (cut or self.interrupted) else []:
+            ctx.emit(call)
         if error is not None:
             ctx.emit(TurnError(trace.turn_id, error.stage, str(error)))
             log.warning("turn failed", extra={"session": ctx.session_id, "stage": error.stage, "error": str(error)})
@@ -291,8 +276,7 @@ class Turn:
                 producer.cancel()
                 await asyncio.gather(producer, return_exceptions=True)
 
-    async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None],
-                       parser: ActionParser | None) -> None:
+    async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None], parser: ActionParser | None) -> None:
         trace, chunker, outcome = self.trace, self.ctx.chunker(), self.outcome
 
         async def put(text: str) -> None:
@@ -308,8 +292,10 @@ class Turn:
                 text = piece if isinstance(piece, str) else piece.text
                 trace.mark("llm_first_token", time.monotonic() if isinstance(piece, str) else piece.t)
                 outcome.raw += text
+                text = self._tools.push(text) if self._tools is not None else text
                 await put(parser.push(text) if parser else text)
-            await put(parser.flush() if parser else "")
+            tail = self._tools.flush() if self._tools is not None else ""
+            await put(parser.push(tail) + parser.flush() if parser else tail)
             for frag in chunker.flush():
                 trace.mark("first_fragment", time.monotonic())
                 await fragments.put(frag)
@@ -331,8 +317,9 @@ class Turn:
             self.ctx.set_state(State.SPEAKING)
             self.ctx.emit(ReplyAudio(pcm, tts.sample_rate))
             if sink is not None:
-                await sink.write(pcm if sink.sample_rate == tts.sample_rate
-                                 else resample(pcm, tts.sample_rate, sink.sample_rate))
+                await sink.write(
+                    pcm if sink.sample_rate == tts.sample_rate else resample(pcm, tts.sample_rate, sink.sample_rate)
+                )
                 if sink.first_audible_t is not None:
                     trace.mark("playback_start", sink.first_audible_t)
             else:
@@ -344,65 +331,3 @@ class Turn:
 
 async def _once(text: str) -> Pieces:
     yield text
-
-
-class EarlyReply:
-    """A reply generated from the pause transcript before the end of the turn is decided. Its emissions wait in
-    a queue until a turn adopts it; until then nothing is spoken or sent, and a reply that is dropped leaves the
-    conversation as if it never ran (it is never committed)."""
-
-    def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
-        self.ctx, self.text = ctx, text
-        self._on_adopt = on_adopt
-        self._adopted = False
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
-        self._task = asyncio.create_task(self._generate(), name="early reply")
-
-    @property
-    def alive(self) -> bool:
-        return not self._task.cancelled()
-
-    async def _generate(self) -> None:
-        ctx = self.ctx
-        await ctx.generation_lock.acquire()
-        try:
-            stream = ctx.conversation.reply(self.text, ctx.decode, commit=False)
-            try:
-                async for emission in stream:
-                    self._queue.put_nowait(emission)
-            finally:
-                await stream.aclose()
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # surfaces in the turn that adopts this reply
-            self._queue.put_nowait(exc)
-        finally:
-            ctx.generation_lock.release()
-            self._queue.put_nowait(None)
-
-    async def discard(self) -> None:
-        """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
-        if not self._task.done():
-            self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
-        if not self._adopted and self.ctx.conversation.uncommitted:
-            self.ctx.conversation.discard()
-
-    def adopt(self) -> Pieces:
-        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
-        early (barge-in) stops the generation; the turn then commits what was heard, like any reply."""
-        self._adopted = True
-        if self._on_adopt is not None:
-            self._on_adopt()
-        return self._pieces()
-
-    async def _pieces(self) -> Pieces:
-        try:
-            while (item := await self._queue.get()) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            if not self._task.done():
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)

@@ -28,8 +28,16 @@ def synthesize_question(assistant: Any, text: str, path: Path) -> Path:
     return path
 
 
-async def run_turn(session: Any, wav: Path, done: asyncio.Queue[Any], *, realtime: bool = True,
-                   block_ms: int = 20, tail_silence_ms: int = 1500, timeout_s: float = 300.0) -> TurnDone | None:
+async def run_turn(
+    session: Any,
+    wav: Path,
+    done: asyncio.Queue[Any],
+    *,
+    realtime: bool = True,
+    block_ms: int = 20,
+    tail_silence_ms: int = 1500,
+    timeout_s: float = 300.0,
+) -> TurnDone | None:
     """Play ``wav`` into the session like a microphone (then silence, so the VAD ends the turn) and wait for the
     turn to finish; ``done`` receives the session's TurnDone / TurnError events."""
     async for chunk in WavSource(wav, block_ms=block_ms, realtime=realtime, tail_silence_ms=tail_silence_ms):

@@ -30,8 +30,11 @@ def tracebacks() -> Iterator[Tracebacks]:
     hook = threading.excepthook
 
     def thread_died(args: threading.ExceptHookArgs) -> None:
-        handler.records.append(logging.makeLogRecord({"name": "thread", "msg": repr(args.exc_value),
-                                                      "exc_info": (args.exc_type, args.exc_value, None)}))
+        handler.records.append(
+            logging.makeLogRecord(
+                {"name": "thread", "msg": repr(args.exc_value), "exc_info": (args.exc_type, args.exc_value, None)}
+            )
+        )
         hook(args)
 
     threading.excepthook = thread_died

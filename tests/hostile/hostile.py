@@ -63,8 +63,10 @@ class ServerThread:
 
     def call(self, fn: Any, *args: Any) -> Any:
         """Run ``fn(*args)`` on the server's loop and return its result (to read server state safely)."""
+
         async def run() -> Any:
             return fn(*args)
+
         return asyncio.run_coroutine_threadsafe(run(), self.loop).result(30)
 
     def stop(self) -> None:
@@ -92,5 +94,3 @@ class Tracebacks(logging.Handler):
 
     def lines(self) -> list[str]:
         return [f"{r.name}: {r.getMessage()}\n{self.format(r)}" for r in self.records]
-
-

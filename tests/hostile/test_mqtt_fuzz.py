@@ -25,15 +25,22 @@ from voice.transports.mqtt import MqttBridge
 
 from broker import Broker, Home
 
-TOPICS = ["specvoice/say", "specvoice/ask", "specvoice/cancel", "homeassistant/status", "home/doorbell",
-          "home/garage/motion"]
+TOPICS = [
+    "specvoice/say",
+    "specvoice/ask",
+    "specvoice/cancel",
+    "homeassistant/status",
+    "home/doorbell",
+    "home/garage/motion",
+]
 EVENTS = {"home/doorbell": "{name} is at the door.", "home/+/motion": "Motion on {topic}."}
 
-json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True),
-                      st.text(max_size=1200))
-json_value = st.recursive(json_leaf, lambda inner: st.one_of(st.lists(inner, max_size=4),
-                                                             st.dictionaries(st.text(max_size=8), inner, max_size=4)),
-                          max_leaves=12)
+json_leaf = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=True), st.text(max_size=1200))
+json_value = st.recursive(
+    json_leaf,
+    lambda inner: st.one_of(st.lists(inner, max_size=4), st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    max_leaves=12,
+)
 field = st.sampled_from(["text", "id", "speak", "conversation_id", "name", "voice", ""])
 command = st.dictionaries(field, json_value, max_size=5)
 payloads = st.one_of(
@@ -76,8 +83,14 @@ def harness(small_config, tmp_path_factory):
     config = small_config.model_copy(deep=True)
     config.llm.max_new_tokens = 4
     with Broker(tmp_path_factory.mktemp("broker")) as broker:
-        config.mqtt = MQTTConfig(enabled=True, port=broker.port, client_id="specvoice-fuzz", events=EVENTS,
-                                 reconnect_min_s=0.2, reconnect_max_s=1.0)
+        config.mqtt = MQTTConfig(
+            enabled=True,
+            port=broker.port,
+            client_id="specvoice-fuzz",
+            events=EVENTS,
+            reconnect_min_s=0.2,
+            reconnect_max_s=1.0,
+        )
         h = Harness()
         h.assistant = Assistant.load_sync(config)
         h.bridge = MqttBridge(config, h.assistant)
@@ -106,6 +119,7 @@ def test_fuzzed_payloads_never_break_the_bridge(harness):
     recorder = Recorder()
     logging.getLogger("specvoice").addHandler(recorder)
     try:
+
         @settings(max_examples=250, deadline=None, suppress_health_check=list(HealthCheck), database=None)
         @given(topic=st.sampled_from(TOPICS), payload=payloads, retain=st.sampled_from([False, False, False, True]))
         def publish(topic: str, payload: bytes, retain: bool) -> None:
@@ -121,8 +135,9 @@ def test_fuzzed_payloads_never_break_the_bridge(harness):
                     await asyncio.sleep(0.2)
             mark = harness.home.mark()
             await harness.home.publish("specvoice/say", b"Still working.")
-            return await harness.home.wait_for("specvoice/spoken", lambda s: s["text"] == "Still working.",
-                                               since=mark, timeout=120)
+            return await harness.home.wait_for(
+                "specvoice/spoken", lambda s: s["text"] == "Still working.", since=mark, timeout=120
+            )
 
         assert harness.call(still_speaks(), timeout=480)["audio_s"] > 0.3
     finally:

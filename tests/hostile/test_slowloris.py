@@ -24,8 +24,10 @@ from serving import serving
 
 SERVED_WITHIN_S = 5.0
 HEADER_THEN_PART_OF_DATA = b'{"type": "synthesize", "data_length": 100}\n{"text": "never fin'
-HEADER_THEN_PART_OF_PAYLOAD = (b'{"type": "audio-chunk", "data": {"rate": 16000, "width": 2, "channels": 1}, '
-                               b'"payload_length": 4096}\n' + b"\0" * 100)
+HEADER_THEN_PART_OF_PAYLOAD = (
+    b'{"type": "audio-chunk", "data": {"rate": 16000, "width": 2, "channels": 1}, '
+    b'"payload_length": 4096}\n' + b"\0" * 100
+)
 
 
 async def stall(port: int, *, first: Event | None, inside: bytes) -> Stalled:
@@ -72,12 +74,18 @@ async def test_stalled_connections_lock_no_one_out(hostile_assistant, tracebacks
     n = config.server.max_sessions + 2
     async with serving(config, hostile_assistant):
         port = config.wyoming.port
-        holding = [await stall(port, first=Describe().event(),
-                               inside=HEADER_THEN_PART_OF_DATA if i % 2 else HEADER_THEN_PART_OF_PAYLOAD)
-                   for i in range(n)]
-        never_started = [await stall(port, first=None,
-                                     inside=HEADER_THEN_PART_OF_DATA if i % 2 else HEADER_THEN_PART_OF_PAYLOAD)
-                         for i in range(n)]
+        holding = [
+            await stall(
+                port,
+                first=Describe().event(),
+                inside=HEADER_THEN_PART_OF_DATA if i % 2 else HEADER_THEN_PART_OF_PAYLOAD,
+            )
+            for i in range(n)
+        ]
+        never_started = [
+            await stall(port, first=None, inside=HEADER_THEN_PART_OF_DATA if i % 2 else HEADER_THEN_PART_OF_PAYLOAD)
+            for i in range(n)
+        ]
 
         async def wyoming_once() -> bool:
             reader, writer = await asyncio.open_connection("127.0.0.1", port)
@@ -97,9 +105,12 @@ async def test_stalled_connections_lock_no_one_out(hostile_assistant, tracebacks
                 return False
 
         wyoming_s, websocket_s = await asyncio.wait_for(
-            asyncio.gather(until_served(wyoming_once), until_served(websocket_once)), 60)
-        print(f"\nslowloris: {n} connections stalled after a first event, {n} inside their first; "
-              f"served after: wyoming {wyoming_s:.2f} s, websocket {websocket_s:.2f} s")
+            asyncio.gather(until_served(wyoming_once), until_served(websocket_once)), 60
+        )
+        print(
+            f"\nslowloris: {n} connections stalled after a first event, {n} inside their first; "
+            f"served after: wyoming {wyoming_s:.2f} s, websocket {websocket_s:.2f} s"
+        )
         assert wyoming_s < SERVED_WITHIN_S and websocket_s < SERVED_WITHIN_S
 
         # the normal client gets the whole service, not just an answer to describe

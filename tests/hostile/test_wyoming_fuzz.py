@@ -25,26 +25,61 @@ from wyoming.event import Event, read_event, write_event
 
 EXAMPLES = 150
 CLOSING = {"bad_header", "message_too_big", "read_timeout", "idle_timeout", "incomplete_event", "busy"}
-TYPES = ["describe", "transcribe", "audio-start", "audio-chunk", "audio-stop", "synthesize", "synthesize-start",
-         "synthesize-chunk", "synthesize-stop", "transcript", "ping", "info", "error", "detect", "", "é" * 3]
+TYPES = [
+    "describe",
+    "transcribe",
+    "audio-start",
+    "audio-chunk",
+    "audio-stop",
+    "synthesize",
+    "synthesize-start",
+    "synthesize-chunk",
+    "synthesize-stop",
+    "transcript",
+    "ping",
+    "info",
+    "error",
+    "detect",
+    "",
+    "é" * 3,
+]
 FIELDS = ["text", "rate", "width", "channels", "language", "context", "voice", "name", "timestamp", "data"]
-SENT = {"info", "error", "transcript-start", "transcript-chunk", "transcript", "transcript-stop", "audio-start",
-        "audio-chunk", "audio-stop", "synthesize-stopped", "handled-start", "handled-chunk", "handled",
-        "not-handled", "handled-stop"}
+SENT = {
+    "info",
+    "error",
+    "transcript-start",
+    "transcript-chunk",
+    "transcript",
+    "transcript-stop",
+    "audio-start",
+    "audio-chunk",
+    "audio-stop",
+    "synthesize-stopped",
+    "handled-start",
+    "handled-chunk",
+    "handled",
+    "not-handled",
+    "handled-stop",
+}
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(min_value=-(2**70), max_value=2**70)
-    | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=40)
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=40)
     | st.sampled_from([16000, 22050, 2, 1, "hello there.", "conversation-1"]),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=12), inner, max_size=4),
-    max_leaves=12)
+    max_leaves=12,
+)
 
 # a plausible event: a known type, known field names with values of any JSON type, maybe a payload
 events = st.builds(
     lambda kind, data, payload: Event(kind, data, payload),
     st.sampled_from(TYPES),
     st.dictionaries(st.sampled_from(FIELDS), json_values, max_size=4),
-    st.none() | st.binary(max_size=2048))
+    st.none() | st.binary(max_size=2048),
+)
 
 
 def honest(event: Event) -> bytes:
@@ -73,24 +108,42 @@ def header(obj: Any) -> bytes:
 
 
 texts = st.text(max_size=60) | st.sampled_from(["Hello there.", "a" * 300, "Dr. e.g. 3.14, " * 5, "\n\n"])
-audio_format = st.fixed_dictionaries({
-    "rate": st.sampled_from([8000, 16000, 22050, 44100, 96000, 7999, 0, -1, 16000.5]),
-    "width": st.sampled_from([1, 2, 4, 3, True]), "channels": st.sampled_from([1, 2, 0, 3])})
+audio_format = st.fixed_dictionaries(
+    {
+        "rate": st.sampled_from([8000, 16000, 22050, 44100, 96000, 7999, 0, -1, 16000.5]),
+        "width": st.sampled_from([1, 2, 4, 3, True]),
+        "channels": st.sampled_from([1, 2, 0, 3]),
+    }
+)
 
 # whole requests, each event honest but the values not: what a confused or hostile client of each service sends
 requests = st.one_of(
-    st.builds(lambda fmt, chunks: b"".join(honest(e) for e in [Event("audio-start", fmt),
-                                                             *[Event("audio-chunk", fmt, c) for c in chunks],
-                                                             Event("audio-stop")]),
-              audio_format, st.lists(st.binary(min_size=1, max_size=4096), max_size=4)),
-    st.builds(lambda parts, copy: b"".join(honest(e) for e in [Event("synthesize-start"),
-                                                             *[Event("synthesize-chunk", {"text": p}) for p in parts],
-                                                             *([Event("synthesize", {"text": "".join(parts)})] if copy
-                                                               else []),
-                                                             Event("synthesize-stop")]),
-              st.lists(texts, max_size=5), st.booleans()),
-    st.builds(lambda text, context: honest(Event("transcript", {"text": text, "context": context})),
-              texts, st.none() | json_values | st.fixed_dictionaries({"conversation_id": json_values})),
+    st.builds(
+        lambda fmt, chunks: b"".join(
+            honest(e)
+            for e in [Event("audio-start", fmt), *[Event("audio-chunk", fmt, c) for c in chunks], Event("audio-stop")]
+        ),
+        audio_format,
+        st.lists(st.binary(min_size=1, max_size=4096), max_size=4),
+    ),
+    st.builds(
+        lambda parts, copy: b"".join(
+            honest(e)
+            for e in [
+                Event("synthesize-start"),
+                *[Event("synthesize-chunk", {"text": p}) for p in parts],
+                *([Event("synthesize", {"text": "".join(parts)})] if copy else []),
+                Event("synthesize-stop"),
+            ]
+        ),
+        st.lists(texts, max_size=5),
+        st.booleans(),
+    ),
+    st.builds(
+        lambda text, context: honest(Event("transcript", {"text": text, "context": context})),
+        texts,
+        st.none() | json_values | st.fixed_dictionaries({"conversation_id": json_values}),
+    ),
 )
 
 frames = st.one_of(
@@ -98,10 +151,18 @@ frames = st.one_of(
     events.map(honest),
     events.map(honest),  # twice as likely as any one kind of broken framing
     json_values.map(header),  # a header that is any JSON value
-    st.builds(lambda kind, length, body: header({"type": kind, "data_length": length}) + body,  # lying lengths
-              st.sampled_from(TYPES), json_values, st.binary(max_size=64)),
-    st.builds(lambda kind, length, body: header({"type": kind, "payload_length": length}) + body,
-              st.sampled_from(TYPES), st.integers(min_value=-5, max_value=200) | json_values, st.binary(max_size=64)),
+    st.builds(
+        lambda kind, length, body: header({"type": kind, "data_length": length}) + body,  # lying lengths
+        st.sampled_from(TYPES),
+        json_values,
+        st.binary(max_size=64),
+    ),
+    st.builds(
+        lambda kind, length, body: header({"type": kind, "payload_length": length}) + body,
+        st.sampled_from(TYPES),
+        st.integers(min_value=-5, max_value=200) | json_values,
+        st.binary(max_size=64),
+    ),
     st.binary(max_size=200).map(lambda raw: raw + b"\n"),  # not JSON, not UTF-8
     st.integers(min_value=1, max_value=3000).map(lambda depth: b"[" * depth + b"]" * depth + b"\n"),
 )
@@ -130,8 +191,13 @@ def exchange(port: int, data: bytes) -> list[Event]:
 count = {"inputs": 0, "connections": 0, "errors": 0, "closed_for_framing": 0}
 
 
-@settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
-          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(
+    max_examples=EXAMPLES,
+    derandomize=True,
+    database=None,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
 @given(sequence=st.lists(frames, min_size=1, max_size=5))
 def test_any_sequence_of_events_is_answered_or_refused(server, sequence):
     received = exchange(server.config.wyoming.port, b"".join(sequence))
@@ -152,14 +218,19 @@ def test_any_sequence_of_events_is_answered_or_refused(server, sequence):
 
 def sessions_gauge(port: int) -> str:
     with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as response:
-        return next(line for line in response.read().decode().splitlines()
-                    if line.startswith('specvoice_sessions{transport="wyoming"}'))
+        return next(
+            line
+            for line in response.read().decode().splitlines()
+            if line.startswith('specvoice_sessions{transport="wyoming"}')
+        )
 
 
 def test_after_the_fuzzing_nothing_is_left_behind_and_nothing_logged_a_traceback(server, tracebacks):
-    print(f"\nwyoming fuzz: {count['inputs']} inputs on {count['connections']} connections, {count['errors']} "
-          f"error events, {count['closed_for_framing']} connections closed for framing, "
-          f"{len(tracebacks.records)} tracebacks")
+    print(
+        f"\nwyoming fuzz: {count['inputs']} inputs on {count['connections']} connections, {count['errors']} "
+        f"error events, {count['closed_for_framing']} connections closed for framing, "
+        f"{len(tracebacks.records)} tracebacks"
+    )
     assert count["connections"] == EXAMPLES
     assert not tracebacks.records, "\n".join(tracebacks.lines())
     assert sessions_gauge(server.config.server.port).endswith(" 0.0")  # every slot came back

@@ -7,6 +7,7 @@ import argparse
 import importlib
 import os
 import sys
+from pathlib import Path
 
 from voice.config import ConfigError, config_to_toml, load_config
 from voice.logs import setup_logging, writes_to_journal
@@ -27,8 +28,9 @@ COMMANDS = {
 
 
 def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="specvoice",
-                                description="Local real-time voice assistant with a speculative LLM core.")
+    p = argparse.ArgumentParser(
+        prog="specvoice", description="Local real-time voice assistant with a speculative LLM core."
+    )
     p.add_argument("--version", action="version", version=f"specvoice {version()}")
     p.add_argument("-c", "--config", help="TOML config (default: $SPECVOICE_CONFIG or configs/default.toml)")
     p.add_argument("--set", action="append", default=[], metavar="SECTION.KEY=VALUE", help="override a config key")
@@ -41,8 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     check = cfg.add_parser("check", help="validate a config file")
     check.add_argument("file")
 
-    models = sub.add_parser("models", help="list, prepare and verify models").add_subparsers(dest="action",
-                                                                                            required=True)
+    models = sub.add_parser("models", help="list, prepare and verify models").add_subparsers(
+        dest="action", required=True
+    )
     models.add_parser("list", help="registered models and their state")
     prep = models.add_parser("prepare", help="build caches (default: the models the config uses)")
     prep.add_argument("names", nargs="*")
@@ -52,8 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     ver.add_argument("--repair", action="store_true", help="rebuild damaged cache entries")
 
     demo = sub.add_parser("demo", help="spoken turns from WAV files, with the latency table")
-    demo.add_argument("--in", dest="inputs", action="append", default=[], metavar="WAV",
-                      help="question WAV (repeatable)")
+    demo.add_argument(
+        "--in", dest="inputs", action="append", default=[], metavar="WAV", help="question WAV (repeatable)"
+    )
     demo.add_argument("--out", metavar="WAV", help="write the spoken answer(s) here")
     demo.add_argument("--json", metavar="FILE", help="write the traces as JSON")
     run = sub.add_parser("run", help="home device: microphone, speaker, wake word, MQTT bridge (when mqtt.enabled)")
@@ -64,8 +68,9 @@ def _parser() -> argparse.ArgumentParser:
     say.add_argument("text")
     say.add_argument("-o", "--out", help="write a WAV instead of playing")
     sub.add_parser("serve", help="websocket + Wyoming (+ MQTT) server")
-    bench = sub.add_parser("bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)",
-                           add_help=False)  # --help goes on to the benchmark's own parser
+    bench = sub.add_parser(
+        "bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)", add_help=False
+    )  # --help goes on to the benchmark's own parser
     bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend"])
     return p
 
@@ -106,9 +111,19 @@ def _models(config, args) -> int:
         for name, entry in m.REGISTRY.items():
             print(f"{name:30s} {entry.kind:5s} {entry.size_mb:5d}  {m.status(name, config.models.cache_dir)}")
         return 0
-    used = [n for n in (config.models.target, config.models.draft if config.llm.mode == "draft" else None,
-                        config.models.stt, config.models.tts, config.models.vad, config.models.wake_word,
-                        config.models.turn if config.turn.engine == "smart" else None) if n]
+    used = [
+        n
+        for n in (
+            config.models.target,
+            config.models.draft if config.llm.mode == "draft" else None,
+            config.models.stt,
+            config.models.tts,
+            config.models.vad,
+            config.models.wake_word,
+            config.models.turn if config.turn.engine == "smart" else None,
+        )
+        if n
+    ]
     if args.action == "prepare":
         names = list(m.REGISTRY) if args.all else (args.names or used)
         for name in names:
@@ -116,6 +131,7 @@ def _models(config, args) -> int:
                 print(f"{name}: not a registered model (local paths and hub ids need no preparation)")
                 continue
             entry = m.REGISTRY[name]
+            path: Path | None
             if entry.cached:  # the cheap stamp check (size + mtime); `models verify` hashes
                 path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force)
             else:
@@ -125,8 +141,9 @@ def _models(config, args) -> int:
             from llm.prepare import prepare_llm
 
             target = m.resolve(config.models.target, "llm", config.models.cache_dir).location
-            draft = m.resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft \
-                else None
+            draft = (
+                m.resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft else None
+            )
             for line in prepare_llm(target, draft, config.llm.model_dump(), force=args.force):
                 print(f"{config.models.target}: {line}")
         return 0
@@ -160,8 +177,11 @@ def _main(argv: list[str] | None) -> int:
     args, extra = parser.parse_known_args(argv)
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
-        print("usage: specvoice bench {llm,speech,pipeline} [flags]   (`specvoice bench llm --help`: its flags)",
-              file=sys.stdout if asked else sys.stderr)
+        print(
+            "usage: specvoice bench {llm,speech,pipeline,soak,frontend} [flags]   "
+            "(`specvoice bench llm --help`: its flags)",
+            file=sys.stdout if asked else sys.stderr,
+        )
         return 0 if asked else 2
     try:
         if args.command == "config" and args.action == "check":

@@ -24,9 +24,12 @@ async def demo(config, inputs: list[str], out: str | None, json_out: str | None)
     print("specvoice demo: loading models (first run builds caches; see `specvoice models prepare`) ...", flush=True)
     started = time.monotonic()
     assistant = await Assistant.load(config)
-    print(f"loaded in {time.monotonic() - started:.1f} s: target={config.models.target} "
-          f"draft={config.models.draft if config.llm.mode == 'draft' else config.llm.mode} "
-          f"stt={config.models.stt} tts={config.models.tts}", flush=True)
+    print(
+        f"loaded in {time.monotonic() - started:.1f} s: target={config.models.target} "
+        f"draft={config.models.draft if config.llm.mode == 'draft' else config.llm.mode} "
+        f"stt={config.models.stt} tts={config.models.tts}",
+        flush=True,
+    )
     out_path = Path(out or "out/answer.wav")
     out_path.parent.mkdir(parents=True, exist_ok=True)
     sink = WavSink(out_path, assistant.tts_sample_rate, realtime=True)
@@ -40,8 +43,9 @@ async def demo(config, inputs: list[str], out: str | None, json_out: str | None)
 
     session = assistant.session(on_event, sink=sink, name="demo")
     with tempfile.TemporaryDirectory() as tmp:
-        wavs = [Path(p) for p in inputs] or [synthesize_question(assistant, q, Path(tmp) / f"q{i}.wav")
-                                             for i, q in enumerate(DEFAULT_QUESTIONS)]
+        wavs = [Path(p) for p in inputs] or [
+            synthesize_question(assistant, q, Path(tmp) / f"q{i}.wav") for i, q in enumerate(DEFAULT_QUESTIONS)
+        ]
         traces, results = [], []
         for wav in wavs:
             print(f"\n> playing {wav.name if inputs else 'a spoken question'} in real time ...", flush=True)
@@ -53,15 +57,23 @@ async def demo(config, inputs: list[str], out: str | None, json_out: str | None)
             print(f"  assistant: {done.reply}")
             if decoder.get("backend") == "openai":  # the server speculates: its counters, or "not reported"
                 spec = decoder.get("server_spec") or {}
-                served = (f"server acceptance {spec['window_acceptance']:.2f}, mean accepted length "
-                          f"{spec['window_mean_accepted_length']:.2f}" if spec.get("window_acceptance") is not None
-                          else "server speculative decoding: not reported")
-                print(f"  decoder:   remote {decoder.get('new_tokens', '?')} tokens, "
-                      f"{decoder.get('tokens_per_s', 0):.1f} tok/s, {served}")
+                served = (
+                    f"server acceptance {spec['window_acceptance']:.2f}, mean accepted length "
+                    f"{spec['window_mean_accepted_length']:.2f}"
+                    if spec.get("window_acceptance") is not None
+                    else "server speculative decoding: not reported"
+                )
+                print(
+                    f"  decoder:   remote {decoder.get('new_tokens', '?')} tokens, "
+                    f"{decoder.get('tokens_per_s', 0):.1f} tok/s, {served}"
+                )
             elif decoder:
-                print(f"  decoder:   {decoder.get('new_tokens', '?')} tokens, {decoder.get('tokens_per_s', 0):.1f} tok/s, "
-                      f"accepted/drafted {decoder.get('accepted', 0)}/{decoder.get('drafted', 0)}, "
-                      f"mean accepted length {decoder.get('mean_accepted_length', 0):.2f}")
+                print(
+                    f"  decoder:   {decoder.get('new_tokens', '?')} tokens, "
+                    f"{decoder.get('tokens_per_s', 0):.1f} tok/s, "
+                    f"accepted/drafted {decoder.get('accepted', 0)}/{decoder.get('drafted', 0)}, "
+                    f"mean accepted length {decoder.get('mean_accepted_length', 0):.2f}"
+                )
             traces.append(trace_from(done, config.budget.model_dump()))
             results.append({"transcript": done.transcript, "reply": done.reply, "trace": done.trace})
     await session.close()

@@ -60,8 +60,10 @@ class StatusLine:
             stages = event.trace.get("stages_ms", {})
             flag = " (interrupted)" if event.interrupted else ""
             self.print(f"assistant: {event.reply}{flag}")
-            self.print(f"           voice-to-voice {stages.get('voice_to_voice', '-')} ms; "
-                       f"over budget: {', '.join(event.trace.get('over_budget', [])) or 'none'}")
+            self.print(
+                f"           voice-to-voice {stages.get('voice_to_voice', '-')} ms; "
+                f"over budget: {', '.join(event.trace.get('over_budget', [])) or 'none'}"
+            )
         elif isinstance(event, TurnError):
             self.print(f"error in {event.stage}: {event.message}")
         elif isinstance(event, ActionRequested):
@@ -94,12 +96,13 @@ async def _listen(mic: MicSource, sink: SpeakerSink, session) -> None:
         reference = None
         if played is not None and np.any(played):
             reference = resample(played, sink.sample_rate, MIC_RATE)
-            reference = np.pad(reference, (0, max(0, len(chunk.samples) - len(reference))))[:len(chunk.samples)]
+            reference = np.pad(reference, (0, max(0, len(chunk.samples) - len(reference))))[: len(chunk.samples)]
         await session.push_audio(chunk.samples, chunk.t, reference=reference)
 
 
-def _services(config, assistant: Assistant, speaker: SharedSpeaker, session, serve_too: bool,
-              stop: asyncio.Event) -> list[asyncio.Task]:
+def _services(
+    config, assistant: Assistant, speaker: SharedSpeaker, session, serve_too: bool, stop: asyncio.Event
+) -> list[asyncio.Task]:
     """The MQTT bridge (on its own lane of the speaker) and, with ``serve_too``, the servers."""
     bridge = None
     if config.mqtt.enabled:
@@ -110,8 +113,9 @@ def _services(config, assistant: Assistant, speaker: SharedSpeaker, session, ser
         bridge.add_local(session)
         wake = session.listener.wake
         if wake is not None:
-            session.listener.wake = WakeWordTap(wake, lambda name: bridge.publish_event(
-                "wake_word", session=session.id, wake_word=name))
+            session.listener.wake = WakeWordTap(
+                wake, lambda name: bridge.publish_event("wake_word", session=session.id, wake_word=name)
+            )
     if serve_too:  # serve() reports READY and pings the watchdog itself
         from voice.server import serve
 
@@ -161,8 +165,7 @@ async def home(config, serve_too: bool = False) -> int:
             if task.get_name() != "serve":
                 task.cancel()
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True),
-                                   config.server.shutdown_grace_s + 5)
+            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), config.server.shutdown_grace_s + 5)
         await asyncio.gather(listening, stopping, return_exceptions=True)
         mic.close()
         await session.close()

@@ -1,8 +1,8 @@
 """`specvoice transcribe FILE.wav` and `specvoice say TEXT [-o out.wav]`: the ears and the mouth on their own.
 
 ``transcribe`` plays the file through the same Listener a microphone feeds (real-time paced blocks -> VAD ->
-streaming STT -> end of turn), printing partials live and a final line per utterance. ``say`` runs text through the chunker
-and piper into a WAV file or the speaker, and reports the time to first audio.
+streaming STT -> end of turn), printing partials live and a final line per utterance. ``say`` runs text through the
+chunker and piper into a WAV file or the speaker, and reports the time to first audio.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ async def speak(config, text: str, out: str | None) -> dict[str, float]:
     from voice.tts import TextToSpeech
 
     tts = TextToSpeech(resolve(config.models.tts, "tts", config.models.cache_dir), config.tts)
+    sink: WavSink | SpeakerSink
     if out:
         sink = WavSink(out, tts.sample_rate, realtime=False)
     else:
@@ -99,6 +100,8 @@ def say_main(config, args, extra: list[str]) -> int:
         print(f"specvoice: {exc}", file=sys.stderr)
         return 2
     where = args.out or "the speaker"
-    print(f"spoke {stats['audio_s']:.2f} s of audio to {where}; first audio after {stats['first_audio_s'] * 1000:.0f} ms",
-          file=sys.stderr)
+    print(
+        f"spoke {stats['audio_s']:.2f} s of audio to {where}; first audio after {stats['first_audio_s'] * 1000:.0f} ms",
+        file=sys.stderr,
+    )
     return 0

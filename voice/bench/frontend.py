@@ -35,8 +35,14 @@ from voice.latency import percentiles
 from voice.speechset import espeak_utterance
 
 WIRE = 24000
-QUESTIONS = ("What is the capital of France?", "How far away is the moon?", "Give me a quick tip for sleeping "
-             "better.", "Why is the sky blue?", "Tell me a fun fact about octopuses.", "What should I cook tonight?")
+QUESTIONS = (
+    "What is the capital of France?",
+    "How far away is the moon?",
+    "Give me a quick tip for sleeping better.",
+    "Why is the sky blue?",
+    "Tell me a fun fact about octopuses.",
+    "What should I cook tonight?",
+)
 
 
 async def bench(config, argv: list[str]) -> int:
@@ -71,25 +77,38 @@ async def bench(config, argv: list[str]) -> int:
             await front.wait()
             if stub is not None:
                 await stub.stop()
-    llm = (f"stub: ttft {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s" if stub else config.llm.base_url)
+    llm = f"stub: ttft {args.ttft_ms:g} ms, {args.tokens_per_s:g} tokens/s" if stub else config.llm.base_url
     load = os.getloadavg()
-    print(f"\nfront-end: {config.models.stt} + {config.models.tts} here, LLM remote ({llm}); {os.cpu_count()} CPUs, "
-          f"load average at the end {load[0]:.1f} / {load[1]:.1f} (1 / 5 min)")
-    print(f"{'sessions':>8s} {'turns':>6s} {'failed':>6s} {'v2v p50 ms':>11s} {'p95':>7s} {'max':>7s} "
-          f"{'server v2v p50':>15s} {'front-end CPU':>14s}")
+    print(
+        f"\nfront-end: {config.models.stt} + {config.models.tts} here, LLM remote ({llm}); {os.cpu_count()} CPUs, "
+        f"load average at the end {load[0]:.1f} / {load[1]:.1f} (1 / 5 min)"
+    )
+    print(
+        f"{'sessions':>8s} {'turns':>6s} {'failed':>6s} {'v2v p50 ms':>11s} {'p95':>7s} {'max':>7s} "
+        f"{'server v2v p50':>15s} {'front-end CPU':>14s}"
+    )
     for r in rounds:
-        print(f"{r['sessions']:8d} {r['turns']:6d} {r['failed']:6d} {r['client_v2v_ms'].get('p50', 0):11.0f} "
-              f"{r['client_v2v_ms'].get('p95', 0):7.0f} {r['client_v2v_ms'].get('max', 0):7.0f} "
-              f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c")
+        print(
+            f"{r['sessions']:8d} {r['turns']:6d} {r['failed']:6d} {r['client_v2v_ms'].get('p50', 0):11.0f} "
+            f"{r['client_v2v_ms'].get('p95', 0):7.0f} {r['client_v2v_ms'].get('max', 0):7.0f} "
+            f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c"
+        )
     held = [r["sessions"] for r in rounds if r["failed"] == 0 and r["client_v2v_ms"].get("p95", 1e9) < 3000]
     print(f"held at p95 voice-to-voice < 3 s: {max(held) if held else 0} sessions (of those tried)")
     if cancels:
         c = percentiles(cancels)
-        print(f"cancel -> LLM request closed (seen by the LLM server), {len(cancels)} cancels: p50 {c['p50']:.1f} ms, "
-              f"p95 {c['p95']:.1f} ms")
-    out = {"llm": llm, "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": load},
-           "config": {"stt": config.models.stt, "tts": config.models.tts}, "rounds": rounds,
-           "cancel_ms": cancels, "cancel_summary_ms": percentiles(cancels) if cancels else {}}
+        print(
+            f"cancel -> LLM request closed (seen by the LLM server), {len(cancels)} cancels: p50 {c['p50']:.1f} ms, "
+            f"p95 {c['p95']:.1f} ms"
+        )
+    out = {
+        "llm": llm,
+        "machine": {"cpus": os.cpu_count(), "platform": platform.platform(), "loadavg": load},
+        "config": {"stt": config.models.stt, "tts": config.models.tts},
+        "rounds": rounds,
+        "cancel_ms": cancels,
+        "cancel_summary_ms": percentiles(cancels) if cancels else {},
+    }
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(out, indent=1))
     print(f"wrote {args.json}")
@@ -99,7 +118,7 @@ async def bench(config, argv: list[str]) -> int:
 def _voiced(samples: np.ndarray) -> np.ndarray:
     """Up to the last voiced sample, so the client's speech end is the user's (espeak pads with silence)."""
     loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > 300)
-    return samples[:loud[-1] + 1] if len(loud) else samples
+    return samples[: loud[-1] + 1] if len(loud) else samples
 
 
 def _free_port() -> int:
@@ -113,8 +132,9 @@ def _free_port() -> int:
 async def _start_frontend(config, path: Path) -> asyncio.subprocess.Process:
     """``specvoice serve`` on this config, in its own process; returns once it accepts connections."""
     path.write_text(config_to_toml(config))
-    proc = await asyncio.create_subprocess_exec(sys.executable, "-m", "voice.app.cli", "-c", str(path), "serve",
-                                                stderr=asyncio.subprocess.PIPE)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "voice.app.cli", "-c", str(path), "serve", stderr=asyncio.subprocess.PIPE
+    )
     assert proc.stderr is not None
     async with asyncio.timeout(300):
         while b"specvoice serve:" not in (line := await proc.stderr.readline()):
@@ -143,10 +163,15 @@ async def _round(url: str, front: asyncio.subprocess.Process, n: int, turns: int
     await asyncio.gather(*(_converse(url, order[s], results) for s in range(n)))
     used = (sum(cpu.cpu_times()[:2]) - before) / (time.monotonic() - started)
     ok = [r for r in results if r.get("status") == "completed" and r.get("client_v2v_ms") is not None]
-    return {"sessions": n, "turns": len(results), "failed": len(results) - len(ok),
-            "client_v2v_ms": percentiles([r["client_v2v_ms"] for r in ok]),
-            "server_v2v_ms": percentiles([r["server_v2v_ms"] for r in ok if r.get("server_v2v_ms") is not None]),
-            "frontend_cpu_cores": round(used, 2), "results": results}
+    return {
+        "sessions": n,
+        "turns": len(results),
+        "failed": len(results) - len(ok),
+        "client_v2v_ms": percentiles([r["client_v2v_ms"] for r in ok]),
+        "server_v2v_ms": percentiles([r["server_v2v_ms"] for r in ok if r.get("server_v2v_ms") is not None]),
+        "frontend_cpu_cores": round(used, 2),
+        "results": results,
+    }
 
 
 async def _converse(url: str, questions: list[np.ndarray], results: list[dict]) -> None:
@@ -158,7 +183,7 @@ async def _converse(url: str, questions: list[np.ndarray], results: list[dict]) 
             step, speech_end, first_audio = WIRE // 10, None, None
             result: dict = {}
             for i in range(0, len(audio), step):
-                await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i:i + step].tobytes()).decode())
+                await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step].tobytes()).decode())
                 if speech_end is None and i + step >= len(samples):
                     speech_end = time.monotonic()
                 await asyncio.sleep(0.1)
@@ -184,8 +209,13 @@ async def _cancels(url: str, stub: StubLLM, count: int) -> list[float]:
         await conn.recv_bytes()
         for _ in range(count):
             closed = len(stub.closed)
-            await conn.conversation.item.create(item={"type": "message", "role": "user", "content": [
-                {"type": "input_text", "text": "Tell me about Paris."}]})
+            await conn.conversation.item.create(
+                item={
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": "Tell me about Paris."}],
+                }
+            )
             await conn.response.create()
             async with asyncio.timeout(120):
                 while json.loads(await conn.recv_bytes())["type"] != "response.output_audio.delta":

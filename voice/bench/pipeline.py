@@ -9,15 +9,16 @@ import asyncio
 import json
 import platform
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tqdm import tqdm
 
 from audio.sinks import WavSink
 from voice.assistant import Assistant
-from voice.wavturn import run_turn, synthesize_question
 from voice.events import Event, TurnDone, TurnError
 from voice.latency import percentiles
+from voice.wavturn import run_turn, synthesize_question
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -27,8 +28,26 @@ QUESTIONS = (
     "Why is the sky blue?",
     "Tell me a fun fact about octopuses.",
 )
-STAGES = ("endpointing", "stt_final", "llm_first_token", "first_fragment", "tts_first_audio", "playback_start",
-          "voice_to_voice", "reply_total")
+STAGES = (
+    "endpointing",
+    "stt_final",
+    "llm_first_token",
+    "first_fragment",
+    "tts_first_audio",
+    "playback_start",
+    "voice_to_voice",
+    "reply_total",
+)
+
+
+def _ends_into(finished: asyncio.Queue[Event | None]) -> Callable[[Event], None]:
+    """An event handler that passes the end of each turn (done or failed) into ``finished``."""
+
+    def handle(event: Event) -> None:
+        if isinstance(event, (TurnDone, TurnError)):
+            finished.put_nowait(event)
+
+    return handle
 
 
 async def bench(config, argv: list[str]) -> int:
@@ -43,45 +62,76 @@ async def bench(config, argv: list[str]) -> int:
 
     rows: dict[str, list[dict]] = {m: [] for m in modes}
     with tempfile.TemporaryDirectory() as tmp:
-        wavs = [synthesize_question(assistant, q, Path(tmp) / f"q{i}.wav")
-                for i, q in enumerate(QUESTIONS[:args.questions])]
+        wavs = [
+            synthesize_question(assistant, q, Path(tmp) / f"q{i}.wav")
+            for i, q in enumerate(QUESTIONS[: args.questions])
+        ]
         plan = [(r, w, m) for r in range(args.rounds) for w in wavs for m in modes]
         for _, wav, mode in tqdm(plan, desc="turns", unit="turn", disable=None):
             finished: asyncio.Queue[Event | None] = asyncio.Queue()
             sink = WavSink(None, assistant.tts_sample_rate, realtime=True)
-            session = assistant.session(
-                lambda e: finished.put_nowait(e) if isinstance(e, (TurnDone, TurnError)) else None, sink=sink)
+            session = assistant.session(_ends_into(finished), sink=sink)
             session.decode = modes[mode]
             done = await run_turn(session, wav, finished)
             await session.close()
             sink.close()
             if done is not None:
                 decoder = done.trace.get("decoder") or {}
-                rows[mode].append({"stages_ms": done.trace["stages_ms"], "marks_ms": done.trace["marks_ms"],
-                                   "transcript": done.transcript, "reply": done.reply,
-                                   "early_reply": bool(done.trace.get("early_reply")),
-                                   "tokens_per_s": decoder.get("tokens_per_s"), "ttft_s": decoder.get("ttft_s")})
-    summary = {mode: {s: percentiles([r["stages_ms"][s] for r in rs if s in r["stages_ms"]]) for s in STAGES}
-               for mode, rs in rows.items()}
-    print(f"\nvoice pipeline, {config.models.target} (+{config.models.draft or config.llm.mode}), "
-          f"{len(rows['speculative'])} turns per mode; ms")
+                rows[mode].append(
+                    {
+                        "stages_ms": done.trace["stages_ms"],
+                        "marks_ms": done.trace["marks_ms"],
+                        "transcript": done.transcript,
+                        "reply": done.reply,
+                        "early_reply": bool(done.trace.get("early_reply")),
+                        "end_of_turn": done.trace.get("end_of_turn"),
+                        "tokens_per_s": decoder.get("tokens_per_s"),
+                        "ttft_s": decoder.get("ttft_s"),
+                    }
+                )
+    summary = {
+        mode: {s: percentiles([r["stages_ms"][s] for r in rs if s in r["stages_ms"]]) for s in STAGES}
+        for mode, rs in rows.items()
+    }
+    print(
+        f"\nvoice pipeline, {config.models.target} (+{config.models.draft or config.llm.mode}), "
+        f"{len(rows['speculative'])} turns per mode; ms"
+    )
     print(f"{'stage':18s}" + "".join(f"{m + ' p50':>20s}{'p95':>8s}" for m in modes))
     for stage in STAGES:
-        cells = "".join(f"{summary[m][stage].get('p50', float('nan')):20.0f}{summary[m][stage].get('p95', float('nan')):8.0f}"
-                        for m in modes)
+        cells = "".join(
+            f"{summary[m][stage].get('p50', float('nan')):20.0f}{summary[m][stage].get('p95', float('nan')):8.0f}"
+            for m in modes
+        )
         print(f"{stage:18s}{cells}")
     for mode, rs in rows.items():
-        print(f"{mode}: {sum(r['early_reply'] for r in rs)} of {len(rs)} replies started early (on the pause "
-              f"transcript, before the endpoint)")
+        print(
+            f"{mode}: {sum(r['early_reply'] for r in rs)} of {len(rs)} replies started early (on the pause "
+            f"transcript, before the endpoint)"
+        )
+        ends = [f"{(r['end_of_turn'] or {}).get('rule')}/{(r['end_of_turn'] or {}).get('reason')}" for r in rs]
+        print(f"{mode}: turns ended by " + ", ".join(f"{e} x{ends.count(e)}" for e in sorted(set(ends))))
     spec, base = summary["speculative"], summary["target alone"]
     for stage in ("voice_to_voice", "reply_total"):
         if spec[stage].get("p50") and base[stage].get("p50"):
             print(f"{stage}: speculative / target alone = {spec[stage]['p50'] / base[stage]['p50']:.2f}")
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.json).write_text(json.dumps({
-        "when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.processor() or platform.machine(),
-        "config": {"target": config.models.target, "draft": config.models.draft, "llm": config.llm.model_dump()},
-        "summary": summary, "turns": rows}, indent=1))
+    Path(args.json).write_text(
+        json.dumps(
+            {
+                "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "machine": platform.processor() or platform.machine(),
+                "config": {
+                    "target": config.models.target,
+                    "draft": config.models.draft,
+                    "llm": config.llm.model_dump(),
+                },
+                "summary": summary,
+                "turns": rows,
+            },
+            indent=1,
+        )
+    )
     print(f"wrote {args.json}")
     return 0
 

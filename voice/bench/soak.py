@@ -33,13 +33,28 @@ from voice.bench import soak_hostile as hostile
 from voice.latency import percentiles
 from voice.server import serve
 
-PROMPTS = ("What is a good name for a cat?", "How do I boil an egg?", "Give me one tip for sleeping better.",
-           "What is the capital of Japan?", "Why is the sky blue?", "Suggest a quick dinner.",
-           "How far away is the moon?", "Tell me a fun fact about octopuses.", "What should I read next?",
-           "How do I keep basil alive?", "What is a haiku?", "Name a board game for four people.",
-           "How long should I steep green tea?", "What is the tallest mountain?", "How do magnets work?",
-           "Give me a word that rhymes with light.", "What is compound interest?", "How do bees make honey?",
-           "What is a good stretch for my back?", "Why do cats purr?")
+PROMPTS = (
+    "What is a good name for a cat?",
+    "How do I boil an egg?",
+    "Give me one tip for sleeping better.",
+    "What is the capital of Japan?",
+    "Why is the sky blue?",
+    "Suggest a quick dinner.",
+    "How far away is the moon?",
+    "Tell me a fun fact about octopuses.",
+    "What should I read next?",
+    "How do I keep basil alive?",
+    "What is a haiku?",
+    "Name a board game for four people.",
+    "How long should I steep green tea?",
+    "What is the tallest mountain?",
+    "How do magnets work?",
+    "Give me a word that rhymes with light.",
+    "What is compound interest?",
+    "How do bees make honey?",
+    "What is a good stretch for my back?",
+    "Why do cats purr?",
+)
 
 
 class LogCounter(logging.Handler):
@@ -103,8 +118,9 @@ def quiet_console(level: int = logging.CRITICAL) -> Any:
             h.setLevel(lvl)
 
 
-async def hostile_phase(config: Any, assistant: Assistant, args: argparse.Namespace, rss: dict[str, Any]
-                        ) -> dict[str, Any]:
+async def hostile_phase(
+    config: Any, assistant: Assistant, args: argparse.Namespace, rss: dict[str, Any]
+) -> dict[str, Any]:
     cfg = config.model_copy(deep=True)
     cfg.server.port, cfg.wyoming.port, cfg.server.shutdown_grace_s = free_port(), free_port(), 0.0
     cfg.wyoming.enabled = True
@@ -124,8 +140,7 @@ async def hostile_phase(config: Any, assistant: Assistant, args: argparse.Namesp
         mqtt_inputs = hostile.mqtt_inputs(rng, cfg.mqtt.prefix, n_mqtt)
         stop, ready = asyncio.Event(), asyncio.Event()
         server = asyncio.create_task(serve(cfg, ready=ready, assistant=assistant, stop=stop))
-        await asyncio.wait({server, asyncio.create_task(ready.wait())}, timeout=60,
-                           return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait({server, asyncio.create_task(ready.wait())}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         if server.done():
             server.result()  # its startup error
         # one honest use of every service first (each model's first work allocates its arenas), then the baseline
@@ -143,7 +158,7 @@ async def hostile_phase(config: Any, assistant: Assistant, args: argparse.Namesp
                 await coro
 
         jobs = [bounded(hostile.wyoming_exchange(cfg.wyoming.port, data, counts)) for data in wy_inputs]
-        jobs += [bounded(hostile.websocket_session(url, ws_inputs[i:i + 5], counts)) for i in range(0, n_ws, 5)]
+        jobs += [bounded(hostile.websocket_session(url, ws_inputs[i : i + 5], counts)) for i in range(0, n_ws, 5)]
         if n_mqtt:
             jobs.append(hostile.mqtt_publish("127.0.0.1", cfg.mqtt.port, mqtt_inputs, cfg.mqtt.prefix, counts))
         await asyncio.gather(*jobs)
@@ -158,10 +173,17 @@ async def hostile_phase(config: Any, assistant: Assistant, args: argparse.Namesp
         stop.set()
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server, 60)
-    return {"inputs": {"wyoming": n_wy, "websocket": n_ws, "mqtt": n_mqtt, "total": n_wy + n_ws + n_mqtt},
-            "seed": args.seed, "mqtt": use_mqtt, "seconds": round(fired_s, 1), "counts": dict(counts),
-            "logs": dict(logs.counts), "traceback_samples": logs.samples, "servers_alive_after": alive,
-            "slowloris": slow}
+    return {
+        "inputs": {"wyoming": n_wy, "websocket": n_ws, "mqtt": n_mqtt, "total": n_wy + n_ws + n_mqtt},
+        "seed": args.seed,
+        "mqtt": use_mqtt,
+        "seconds": round(fired_s, 1),
+        "counts": dict(counts),
+        "logs": dict(logs.counts),
+        "traceback_samples": logs.samples,
+        "servers_alive_after": alive,
+        "slowloris": slow,
+    }
 
 
 async def conversation_phase(assistant: Assistant, turns: int) -> dict[str, Any]:
@@ -172,61 +194,99 @@ async def conversation_phase(assistant: Assistant, turns: int) -> dict[str, Any]
         for i in range(turns):
             done = await session.ask(PROMPTS[i % len(PROMPTS)], speak=False)
             decoder = done.trace.get("decoder") or {}
-            rows.append({"turn": i + 1, "ttft_ms": round(1000 * decoder["ttft_s"], 1) if decoder else None,
-                         "prompt_tokens": decoder.get("prompt_tokens"), "prefill_tokens": decoder.get("prefill_tokens"),
-                         "new_tokens": decoder.get("new_tokens"), "history_messages": len(session.history)})
+            rows.append(
+                {
+                    "turn": i + 1,
+                    "ttft_ms": round(1000 * decoder["ttft_s"], 1) if decoder else None,
+                    "prompt_tokens": decoder.get("prompt_tokens"),
+                    "prefill_tokens": decoder.get("prefill_tokens"),
+                    "new_tokens": decoder.get("new_tokens"),
+                    "history_messages": len(session.history),
+                }
+            )
     finally:
         await session.close()
     deciles: list[dict[str, Any]] = []
     for d in range(10):
-        part = [r for r in rows[d * turns // 10:(d + 1) * turns // 10] if r["ttft_ms"] is not None]
+        part = [r for r in rows[d * turns // 10 : (d + 1) * turns // 10] if r["ttft_ms"] is not None]
         if part:
-            deciles.append({"decile": d + 1, "turns": f"{part[0]['turn']}-{part[-1]['turn']}",
-                            "ttft_ms": percentiles([r["ttft_ms"] for r in part]),
-                            "prefill_tokens_p50": percentiles([r["prefill_tokens"] for r in part]).get("p50"),
-                            "prompt_tokens_p50": percentiles([r["prompt_tokens"] for r in part]).get("p50")})
+            deciles.append(
+                {
+                    "decile": d + 1,
+                    "turns": f"{part[0]['turn']}-{part[-1]['turn']}",
+                    "ttft_ms": percentiles([r["ttft_ms"] for r in part]),
+                    "prefill_tokens_p50": percentiles([r["prefill_tokens"] for r in part]).get("p50"),
+                    "prompt_tokens_p50": percentiles([r["prompt_tokens"] for r in part]).get("p50"),
+                }
+            )
     ratio = None
     if len(deciles) >= 2 and deciles[0]["ttft_ms"].get("p95"):
         ratio = round(deciles[-1]["ttft_ms"]["p95"] / deciles[0]["ttft_ms"]["p95"], 2)
-    return {"turns": rows, "failed_turns": sum(r["ttft_ms"] is None for r in rows), "deciles": deciles,
-            "last_over_first_p95": ratio}
+    return {
+        "turns": rows,
+        "failed_turns": sum(r["ttft_ms"] is None for r in rows),
+        "deciles": deciles,
+        "last_over_first_p95": ratio,
+    }
 
 
 def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) -> None:
-    print(f"\nsoak: {config.models.target} (+{config.models.draft or config.llm.mode}), "
-          f"max_new_tokens {args.max_new_tokens}")
+    print(
+        f"\nsoak: {config.models.target} (+{config.models.draft or config.llm.mode}), "
+        f"max_new_tokens {args.max_new_tokens}"
+    )
     if "hostile" in report:
         h = report["hostile"]
         c, logs, n, slow = Counter(h["counts"]), Counter(h["logs"]), h["inputs"], h["slowloris"]
         print(f"hostile inputs (seed {h['seed']}, fired in {h['seconds']} s; MQTT {'on' if h['mqtt'] else 'off'}):")
-        rows = [("inputs tried", f"{n['wyoming']} wyoming + {n['websocket']} websocket + {n['mqtt']} mqtt = "
-                                 f"{n['total']}"),
-                ("error answers", f"{c['wyoming error events']} wyoming, {c['websocket error events']} websocket, "
-                                  f"{c['mqtt error messages']} mqtt"),
-                ("connections closed by server", f"{c['wyoming connections closed']} of {c['wyoming connections']} "
-                                                 f"wyoming, {c['websocket connections closed']} of "
-                                                 f"{c['websocket connections']} websocket"),
-                ("crashes", f"{c['internal errors']} internal errors, {c['hangs']} hangs, {c['probes unanswered']} "
-                            f"probes unanswered, {logs['background tasks died']} background tasks died, servers "
-                            f"{'alive' if h['servers_alive_after'] else 'NOT ANSWERING'} after"),
-                ("tracebacks logged", f"{logs['tracebacks']} ({logs['warning']} warnings, {logs['error']} errors "
-                                      "logged; counted, not printed)"),
-                ("slowloris", f"{slow['stalled']} stalled connections; served after: wyoming "
-                              f"{slow['wyoming_served_s']} s, websocket {slow['websocket_served_s']} s")]
+        rows = [
+            ("inputs tried", f"{n['wyoming']} wyoming + {n['websocket']} websocket + {n['mqtt']} mqtt = {n['total']}"),
+            (
+                "error answers",
+                f"{c['wyoming error events']} wyoming, {c['websocket error events']} websocket, "
+                f"{c['mqtt error messages']} mqtt",
+            ),
+            (
+                "connections closed by server",
+                f"{c['wyoming connections closed']} of {c['wyoming connections']} "
+                f"wyoming, {c['websocket connections closed']} of "
+                f"{c['websocket connections']} websocket",
+            ),
+            (
+                "crashes",
+                f"{c['internal errors']} internal errors, {c['hangs']} hangs, {c['probes unanswered']} "
+                f"probes unanswered, {logs['background tasks died']} background tasks died, servers "
+                f"{'alive' if h['servers_alive_after'] else 'NOT ANSWERING'} after",
+            ),
+            (
+                "tracebacks logged",
+                f"{logs['tracebacks']} ({logs['warning']} warnings, {logs['error']} errors "
+                "logged; counted, not printed)",
+            ),
+            (
+                "slowloris",
+                f"{slow['stalled']} stalled connections; served after: wyoming "
+                f"{slow['wyoming_served_s']} s, websocket {slow['websocket_served_s']} s",
+            ),
+        ]
         for name, value in rows:
             print(f"  {name:30s} {value}")
     rss = report["rss_mb"]
     peak = max(v[1] for v in rss.values())
     print("RSS MB: " + ", ".join(f"{k} {v[0]:.0f}" for k, v in rss.items()) + f"; peak {peak:.0f}")
-    print(f"RSS growth over the run: {report['rss_growth_mb']:.0f} MB after one honest use of each service "
-          f"(goal < 200); {report['rss_growth_from_load_mb']:.0f} MB since the models were loaded")
+    print(
+        f"RSS growth over the run: {report['rss_growth_mb']:.0f} MB after one honest use of each service "
+        f"(goal < 200); {report['rss_growth_from_load_mb']:.0f} MB since the models were loaded"
+    )
     conv = report["conversation"]
     if conv["deciles"]:
         print(f"time to first token by decile of {len(conv['turns'])} turns ({conv['failed_turns']} failed), ms:")
         print(f"  {'decile':>6s} {'turns':>8s} {'p50':>8s} {'p95':>8s} {'prompt':>8s} {'prefill':>8s}")
         for d in conv["deciles"]:
-            print(f"  {d['decile']:6d} {d['turns']:>8s} {d['ttft_ms']['p50']:8.0f} {d['ttft_ms']['p95']:8.0f} "
-                  f"{d['prompt_tokens_p50']:8.0f} {d['prefill_tokens_p50']:8.0f}")
+            print(
+                f"  {d['decile']:6d} {d['turns']:>8s} {d['ttft_ms']['p50']:8.0f} {d['ttft_ms']['p95']:8.0f} "
+                f"{d['prompt_tokens_p50']:8.0f} {d['prefill_tokens_p50']:8.0f}"
+            )
         print(f"p95 last decile / first decile: {conv['last_over_first_p95']} (goal <= 1.5)")
 
 
@@ -244,10 +304,17 @@ async def bench(config: Any, argv: list[str]) -> int:
     rss: dict[str, Any] = {}
     assistant = await Assistant.load(config)
     rss["loaded"] = rss_mb()
-    report: dict[str, Any] = {"when": time.strftime("%Y-%m-%dT%H:%M:%S"), "machine": platform.machine(),
-                              "config": {"target": config.models.target, "draft": config.models.draft,
-                                         "mode": config.llm.mode, "max_new_tokens": args.max_new_tokens,
-                                         "history_tokens": config.dialog.history_tokens}}
+    report: dict[str, Any] = {
+        "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "machine": platform.machine(),
+        "config": {
+            "target": config.models.target,
+            "draft": config.models.draft,
+            "mode": config.llm.mode,
+            "max_new_tokens": args.max_new_tokens,
+            "history_tokens": config.dialog.history_tokens,
+        },
+    }
     try:
         if args.inputs:
             report["hostile"] = await hostile_phase(config, assistant, args, rss)

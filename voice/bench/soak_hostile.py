@@ -79,13 +79,14 @@ def mutate_bytes(rng: random.Random, raw: bytes) -> bytes:
         elif op == 1:
             data[at:at] = bytes(rng.randrange(256) for _ in range(rng.randrange(1, 8)))
         elif op == 2:
-            del data[at:at + rng.randrange(1, 16)]
+            del data[at : at + rng.randrange(1, 16)]
         else:
             data[at:at] = rng.choice([b"\n", b"\xff\xfe", b"[" * 3000, b'"', b"\\u0000"])
     return bytes(data)
 
 
 # ---- Wyoming --------------------------------------------------------------------------------------------------
+
 
 def _frame(event: Event) -> bytes:
     data = json.dumps(event.data).encode() if event.data else b""
@@ -103,10 +104,18 @@ def _wyoming_seeds(rng: random.Random) -> list[list[Event]]:
     return [
         [Event("describe")],
         [Event("synthesize", {"text": "Hello there."})],
-        [Event("synthesize-start"), Event("synthesize-chunk", {"text": "Good morning. The"}),
-         Event("synthesize-chunk", {"text": " weather is fine."}), Event("synthesize-stop")],
-        [Event("transcribe", {"language": "en"}), Event("audio-start", fmt), Event("audio-chunk", fmt, noise),
-         Event("audio-stop")],
+        [
+            Event("synthesize-start"),
+            Event("synthesize-chunk", {"text": "Good morning. The"}),
+            Event("synthesize-chunk", {"text": " weather is fine."}),
+            Event("synthesize-stop"),
+        ],
+        [
+            Event("transcribe", {"language": "en"}),
+            Event("audio-start", fmt),
+            Event("audio-chunk", fmt, noise),
+            Event("audio-stop"),
+        ],
         [Event("transcript", {"text": "What time is it?", "context": {"conversation_id": "soak-1"}})],
     ]
 
@@ -156,12 +165,15 @@ async def wyoming_exchange(port: int, data: bytes, counts: Counter[str]) -> None
 
 # ---- websocket (OpenAI Realtime subset) -----------------------------------------------------------------------
 
+
 def _ws_seeds(rng: random.Random) -> list[dict[str, Any]]:
     audio = base64.b64encode(bytes(rng.randrange(256) for _ in range(4800))).decode()
     user = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Say hi."}]}
     return [
-        {"type": "session.update", "session": {"type": "realtime", "instructions": "Be brief.",
-                                               "output_modalities": ["text"]}},
+        {
+            "type": "session.update",
+            "session": {"type": "realtime", "instructions": "Be brief.", "output_modalities": ["text"]},
+        },
         {"type": "input_audio_buffer.append", "audio": audio},
         {"type": "input_audio_buffer.commit"},
         {"type": "input_audio_buffer.clear"},
@@ -175,7 +187,8 @@ def _ws_seeds(rng: random.Random) -> list[dict[str, Any]]:
 def websocket_warmup() -> list[str | bytes]:
     """An honest session: settings, audio appended and committed, a question, a response."""
     seeds = _ws_seeds(random.Random(0))
-    return [json.dumps(seeds[i]) for i in (1, 2, 4)] + [json.dumps({"type": "response.create"})]  # spoken reply
+    messages: list[str | bytes] = [json.dumps(seeds[i]) for i in (1, 2, 4)]
+    return messages + [json.dumps({"type": "response.create"})]  # spoken reply
 
 
 def websocket_inputs(rng: random.Random, n: int) -> list[str | bytes]:
@@ -219,10 +232,15 @@ async def websocket_session(url: str, messages: list[str | bytes], counts: Count
 
 # ---- MQTT -----------------------------------------------------------------------------------------------------
 
+
 def mqtt_inputs(rng: random.Random, prefix: str, n: int) -> list[tuple[str, bytes, bool]]:
     """(topic, payload, retain) triples: the bridge's command topics with mutated payloads."""
-    seeds = [(f"{prefix}/say", {"text": "The door is open."}), (f"{prefix}/ask", {"text": "Say hi.", "id": "soak"}),
-             (f"{prefix}/cancel", {}), ("homeassistant/status", None)]
+    seeds = [
+        (f"{prefix}/say", {"text": "The door is open."}),
+        (f"{prefix}/ask", {"text": "Say hi.", "id": "soak"}),
+        (f"{prefix}/cancel", {}),
+        ("homeassistant/status", None),
+    ]
     out = []
     for _ in range(n):
         topic, seed = rng.choice(seeds)
@@ -246,13 +264,15 @@ class Mosquitto:
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
-        (self.dir / "mosquitto.conf").write_text(f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
-                                                 "persistence false\n")
+        (self.dir / "mosquitto.conf").write_text(
+            f"listener {self.port} 127.0.0.1\nallow_anonymous true\npersistence false\n"
+        )
         self.proc: subprocess.Popen[bytes] | None = None
 
     def __enter__(self) -> Mosquitto:
-        self.proc = subprocess.Popen([MOSQUITTO, "-c", str(self.dir / "mosquitto.conf")],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [MOSQUITTO, "-c", str(self.dir / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
@@ -267,8 +287,9 @@ class Mosquitto:
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
-async def mqtt_publish(host: str, port: int, inputs: list[tuple[str, bytes, bool]], prefix: str,
-                       counts: Counter[str]) -> None:
+async def mqtt_publish(
+    host: str, port: int, inputs: list[tuple[str, bytes, bool]], prefix: str, counts: Counter[str]
+) -> None:
     """Publish every input, then ask a real question and wait for its answer (the bridge is alive)."""
     import aiomqtt
 
@@ -290,6 +311,7 @@ async def mqtt_publish(host: str, port: int, inputs: list[tuple[str, bytes, bool
 
 
 # ---- slowloris ------------------------------------------------------------------------------------------------
+
 
 async def slowloris(wyoming_port: int, ws_url: str, n: int) -> dict[str, float]:
     """``n`` Wyoming connections that stall after a first complete event (holding slots) and ``n`` inside
@@ -333,8 +355,9 @@ async def slowloris(wyoming_port: int, ws_url: str, n: int) -> dict[str, float]:
         return round(time.monotonic() - start, 2)
 
     try:
-        wyoming_s, websocket_s = await asyncio.wait_for(asyncio.gather(until(wyoming_once), until(websocket_once)),
-                                                        HANG_S)
+        wyoming_s, websocket_s = await asyncio.wait_for(
+            asyncio.gather(until(wyoming_once), until(websocket_once)), HANG_S
+        )
     except TimeoutError:
         wyoming_s = websocket_s = float("inf")
     finally:

@@ -29,11 +29,14 @@ from voice.models import resolve
 from voice.speechset import RATE, SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
 
 SHORT_FRAGMENT = "Sure, the light is on."
-LONG_FRAGMENT = ("The kitchen light is on now, and the heating in the living room is set to a comfortable "
-                 "temperature for the rest of the evening, so you can relax and enjoy your dinner.")
+LONG_FRAGMENT = (
+    "The kitchen light is on now, and the heating in the living room is set to a comfortable "
+    "temperature for the rest of the evening, so you can relax and enjoy your dinner."
+)
 
 
 # ---- the benchmark ------------------------------------------------------------------------------------------
+
 
 def _pct(values: list[float], q: float) -> float:
     return float(np.percentile(values, q)) if values else float("nan")
@@ -54,9 +57,17 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
             if isinstance(event, UtteranceEnded):
                 u = event.utterance
                 text = await u.final()
-                heard.append({"text": text, "speech_start": u.speech_start, "speech_end": u.speech_end,
-                              "endpoint": u.endpoint, "final_done": time.monotonic(), "partials": partials,
-                              "final_decoded": bool(u.stream.final_decoded)})
+                heard.append(
+                    {
+                        "text": text,
+                        "speech_start": u.speech_start,
+                        "speech_end": u.speech_end,
+                        "endpoint": u.endpoint,
+                        "final_done": time.monotonic(),
+                        "partials": partials,
+                        "final_decoded": bool(u.stream.final_decoded),
+                    }
+                )
                 partials = 0
     await listener.close()
     return heard
@@ -79,27 +90,39 @@ async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
             heard = await hear_file(config, stt, path)
             text_out = " ".join(h["text"] for h in heard)
             last = heard[-1] if heard else None
-            rows.append({
-                "voice": voice, "reference": text, "audio_s": round(len(speech) / RATE, 3), "rtf": round(rtf, 3),
-                "whole_pass_text": whole, "streamed_text": text_out, "wer": round(wer(text, text_out), 3),
-                "utterances_heard": len(heard), "partials": sum(h["partials"] for h in heard),
-                "final_needed_a_pass": any(h["final_decoded"] for h in heard),
-                "final_after_endpoint_s": round(last["final_done"] - last["endpoint"], 3) if last else None,
-                "final_after_speech_end_s": round(last["final_done"] - last["speech_end"], 3) if last else None,
-            })
+            rows.append(
+                {
+                    "voice": voice,
+                    "reference": text,
+                    "audio_s": round(len(speech) / RATE, 3),
+                    "rtf": round(rtf, 3),
+                    "whole_pass_text": whole,
+                    "streamed_text": text_out,
+                    "wer": round(wer(text, text_out), 3),
+                    "utterances_heard": len(heard),
+                    "partials": sum(h["partials"] for h in heard),
+                    "final_needed_a_pass": any(h["final_decoded"] for h in heard),
+                    "final_after_endpoint_s": round(last["final_done"] - last["endpoint"], 3) if last else None,
+                    "final_after_speech_end_s": round(last["final_done"] - last["speech_end"], 3) if last else None,
+                }
+            )
     after_endpoint = [r["final_after_endpoint_s"] for r in rows if r["final_after_endpoint_s"] is not None]
     after_end = [r["final_after_speech_end_s"] for r in rows if r["final_after_speech_end_s"] is not None]
     refs = sum(len(normalize_words(r["reference"])) for r in rows)
     return {
-        "model": config.models.stt, "compute_type": config.stt.compute_type, "threads": config.stt.threads,
-        "utterances": len(rows), "rtf_mean": round(float(np.mean([r["rtf"] for r in rows])), 3),
+        "model": config.models.stt,
+        "compute_type": config.stt.compute_type,
+        "threads": config.stt.threads,
+        "utterances": len(rows),
+        "rtf_mean": round(float(np.mean([r["rtf"] for r in rows])), 3),
         "final_after_endpoint_p50_s": round(_pct(after_endpoint, 50), 3),
         "final_after_endpoint_p95_s": round(_pct(after_endpoint, 95), 3),
         "final_after_speech_end_p50_s": round(_pct(after_end, 50), 3),
         "final_after_speech_end_p95_s": round(_pct(after_end, 95), 3),
         "wer": round(sum(r["wer"] * len(normalize_words(r["reference"])) for r in rows) / refs, 3),
         "finals_without_a_new_pass": sum(not r["final_needed_a_pass"] for r in rows),
-        "endpoint_silence_ms": config.vad.end_silence_ms, "rows": rows,
+        "endpoint_silence_ms": config.vad.end_silence_ms,
+        "rows": rows,
     }
 
 
@@ -121,26 +144,34 @@ async def bench_tts(config, repeats: int) -> dict:
                 samples += len(pcm)
             firsts.append(first if first is not None else float("nan"))
             rtfs.append((time.perf_counter() - t0) / (samples / tts.sample_rate))
-        out[label] = {"chars": len(text), "first_audio_p50_s": round(_pct(firsts, 50), 3),
-                      "first_audio_max_s": round(max(firsts), 3), "rtf_p50": round(_pct(rtfs, 50), 3)}
+        out[label] = {
+            "chars": len(text),
+            "first_audio_p50_s": round(_pct(firsts, 50), 3),
+            "first_audio_max_s": round(max(firsts), 3),
+            "rtf_p50": round(_pct(rtfs, 50), 3),
+        }
     return out
 
 
 def _table(stt: dict, tts: dict) -> str:
-    lines = [f"STT {stt['model']} ({stt['compute_type']}, {stt['threads']} threads), {stt['utterances']} utterances "
-             f"(espeak-ng + piper), endpoint silence {stt['endpoint_silence_ms']} ms",
-             f"  {'real-time factor (one whole pass)':42s} {stt['rtf_mean']:8.3f}",
-             f"  {'final after endpoint p50 / p95 (s)':42s} {stt['final_after_endpoint_p50_s']:8.3f} / "
-             f"{stt['final_after_endpoint_p95_s']:.3f}",
-             f"  {'final after speech end p50 / p95 (s)':42s} {stt['final_after_speech_end_p50_s']:8.3f} / "
-             f"{stt['final_after_speech_end_p95_s']:.3f}",
-             f"  {'finals that reused the pause-time pass':42s} {stt['finals_without_a_new_pass']:8d} / {stt['utterances']}",
-             f"  {'word error rate':42s} {stt['wer']:8.3f}",
-             f"TTS {tts['voice']} ({tts['sample_rate']} Hz)"]
+    lines = [
+        f"STT {stt['model']} ({stt['compute_type']}, {stt['threads']} threads), {stt['utterances']} utterances "
+        f"(espeak-ng + piper), endpoint silence {stt['endpoint_silence_ms']} ms",
+        f"  {'real-time factor (one whole pass)':42s} {stt['rtf_mean']:8.3f}",
+        f"  {'final after endpoint p50 / p95 (s)':42s} {stt['final_after_endpoint_p50_s']:8.3f} / "
+        f"{stt['final_after_endpoint_p95_s']:.3f}",
+        f"  {'final after speech end p50 / p95 (s)':42s} {stt['final_after_speech_end_p50_s']:8.3f} / "
+        f"{stt['final_after_speech_end_p95_s']:.3f}",
+        f"  {'finals that reused the pause-time pass':42s} {stt['finals_without_a_new_pass']:8d} / {stt['utterances']}",
+        f"  {'word error rate':42s} {stt['wer']:8.3f}",
+        f"TTS {tts['voice']} ({tts['sample_rate']} Hz)",
+    ]
     for label in ("short", "long"):
         row = tts[label]
-        lines.append(f"  {label + ' fragment (' + str(row['chars']) + ' chars): first audio p50 (s)':42s} "
-                     f"{row['first_audio_p50_s']:8.3f}   real-time factor {row['rtf_p50']:.3f}")
+        lines.append(
+            f"  {label + ' fragment (' + str(row['chars']) + ' chars): first audio p50 (s)':42s} "
+            f"{row['first_audio_p50_s']:8.3f}   real-time factor {row['rtf_p50']:.3f}"
+        )
     return "\n".join(lines)
 
 
@@ -156,8 +187,13 @@ def main(config, args, extra: list[str]) -> int:
     tts = asyncio.run(bench_tts(config, max(1, opts.repeats)))
     print(f"machine: {os.cpu_count()} CPUs, 1-minute load average at start {load:.1f} (other work slows every figure)")
     print(_table(stt, tts))
-    result = {"machine": {"cpus": os.cpu_count(), "load_avg_at_start": round(load, 2), "python": platform.python_version()},
-              "started": started, "duration_s": round(time.time() - started, 1), "stt": stt, "tts": tts}
+    result = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_start": round(load, 2), "python": platform.python_version()},
+        "started": started,
+        "duration_s": round(time.time() - started, 1),
+        "stt": stt,
+        "tts": tts,
+    }
     out = Path(opts.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=1))

@@ -72,12 +72,21 @@ def _corpus_wer(rows: list[dict]) -> float:
 
 # ---- STT ------------------------------------------------------------------------------------------------------
 
+
 def bench_stt(models: list[str], beams: list[int], utterances: tuple[Utterance, ...], threads: int) -> list[dict]:
     """Every (model, beam) on every utterance, interleaved (each utterance goes through all settings in turn),
     so a busy neighbour slows every setting alike and the latency columns compare fairly."""
-    setups = [(model, beam, SpeechToText(resolve(model, "stt"), STTConfig(language="en", compute_type="int8",
-                                                                          beam_size=beam, threads=threads)))
-              for model in models for beam in beams]
+    setups = [
+        (
+            model,
+            beam,
+            SpeechToText(
+                resolve(model, "stt"), STTConfig(language="en", compute_type="int8", beam_size=beam, threads=threads)
+            ),
+        )
+        for model in models
+        for beam in beams
+    ]
     for _, _, stt in setups:
         _text(stt, utterances[0].audio)  # the first pass allocates; not part of the figures
     rows: dict[tuple[str, int], list[dict]] = {(m, b): [] for m, b, _ in setups}
@@ -86,41 +95,64 @@ def bench_stt(models: list[str], beams: list[int], utterances: tuple[Utterance, 
             t0 = time.perf_counter()
             text = _text(stt, u.audio)
             seconds = time.perf_counter() - t0
-            rows[(model, beam)].append({
-                "id": u.id, "voice": u.voice.name, "noisy": u.voice.noise is not None, "reference": u.text,
-                "text": text, "wer": round(wer(u.text, text), 4), "ref_words": len(normalize_words(u.text)),
-                "audio_s": round(len(u.audio) / RATE, 3), "pass_s": round(seconds, 4)})
+            rows[(model, beam)].append(
+                {
+                    "id": u.id,
+                    "voice": u.voice.name,
+                    "noisy": u.voice.noise is not None,
+                    "reference": u.text,
+                    "text": text,
+                    "wer": round(wer(u.text, text), 4),
+                    "ref_words": len(normalize_words(u.text)),
+                    "audio_s": round(len(u.audio) / RATE, 3),
+                    "pass_s": round(seconds, 4),
+                }
+            )
     results = []
     for (model, beam), rs in rows.items():
         passes = [r["pass_s"] for r in rs]
         voices = sorted({r["voice"] for r in rs})
-        results.append({
-            "model": model, "beam": beam, "threads": threads, "utterances": len(rs),
-            "wer": _corpus_wer(rs),
-            "wer_clean": _corpus_wer([r for r in rs if not r["noisy"]]),
-            "wer_noisy": _corpus_wer([r for r in rs if r["noisy"]]),
-            "wer_by_voice": {v: _corpus_wer([r for r in rs if r["voice"] == v]) for v in voices},
-            "mean_audio_s": round(float(np.mean([r["audio_s"] for r in rs])), 3),
-            "pass_mean_s": round(float(np.mean(passes)), 4), "pass_p50_s": _pct(passes, 50),
-            "pass_p95_s": _pct(passes, 95),
-            "rtf": round(sum(passes) / sum(r["audio_s"] for r in rs), 4), "rows": rs,
-        })
+        results.append(
+            {
+                "model": model,
+                "beam": beam,
+                "threads": threads,
+                "utterances": len(rs),
+                "wer": _corpus_wer(rs),
+                "wer_clean": _corpus_wer([r for r in rs if not r["noisy"]]),
+                "wer_noisy": _corpus_wer([r for r in rs if r["noisy"]]),
+                "wer_by_voice": {v: _corpus_wer([r for r in rs if r["voice"] == v]) for v in voices},
+                "mean_audio_s": round(float(np.mean([r["audio_s"] for r in rs])), 3),
+                "pass_mean_s": round(float(np.mean(passes)), 4),
+                "pass_p50_s": _pct(passes, 50),
+                "pass_p95_s": _pct(passes, 95),
+                "rtf": round(sum(passes) / sum(r["audio_s"] for r in rs), 4),
+                "rows": rs,
+            }
+        )
     return results
 
 
 def stt_table(results: list[dict]) -> str:
     if not results:
         return ""
-    lines = [(f"{'model':18s} {'beam':>4s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} {'pass mean':>10s} "
-              f"{'pass p95':>9s} {'RTF':>6s}   (one offline pass per utterance, mean audio "
-              f"{results[0]['mean_audio_s']:.2f} s, {results[0]['utterances']} utterances)")]
+    lines = [
+        (
+            f"{'model':18s} {'beam':>4s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} {'pass mean':>10s} "
+            f"{'pass p95':>9s} {'RTF':>6s}   (one offline pass per utterance, mean audio "
+            f"{results[0]['mean_audio_s']:.2f} s, {results[0]['utterances']} utterances)"
+        )
+    ]
     for r in results:
-        lines.append(f"{r['model']:18s} {r['beam']:4d} {r['wer']:6.3f} {r['wer_clean']:6.3f} {r['wer_noisy']:6.3f} "
-                     f"{r['pass_mean_s'] * 1000:8.0f}ms {r['pass_p95_s'] * 1000:7.0f}ms {r['rtf']:6.3f}")
+        lines.append(
+            f"{r['model']:18s} {r['beam']:4d} {r['wer']:6.3f} {r['wer_clean']:6.3f} {r['wer_noisy']:6.3f} "
+            f"{r['pass_mean_s'] * 1000:8.0f}ms {r['pass_p95_s'] * 1000:7.0f}ms {r['rtf']:6.3f}"
+        )
     return "\n".join(lines)
 
 
 # ---- end of turn ----------------------------------------------------------------------------------------------
+
 
 @dataclass
 class VadTrace:
@@ -134,7 +166,7 @@ def vad_trace(vad: Vad, audio: np.ndarray) -> VadTrace:
     vad.reset()
     blocks, start = [], None
     for i in range(0, len(audio) - BLOCK + 1, BLOCK):
-        for event in vad.process(AudioChunk(audio[i:i + BLOCK], RATE, i / RATE)):
+        for event in vad.process(AudioChunk(audio[i : i + BLOCK], RATE, i / RATE)):
             if event.kind == "speech_start" and start is None:
                 start = event.t
         t = (i + BLOCK) / RATE
@@ -164,7 +196,7 @@ class Prober:
         key = (u.id, round(end_s * RATE))
         if key not in self._done:
             clip_start = max(0.0, start_s - PREROLL_S)
-            audio = u.audio[int(clip_start * RATE):key[1]]
+            audio = u.audio[int(clip_start * RATE) : key[1]]
             t0 = time.perf_counter()
             p = self.smart.probability(audio)
             t1 = time.perf_counter()
@@ -206,8 +238,14 @@ class TurnResult:
     asks: int
 
 
-def run_policy(u: Utterance, trace: VadTrace, settings: TurnSettings, model_ready: bool,
-               probe: Callable[[Utterance, float, float, float | None], Probe], costs: Costs) -> TurnResult:
+def run_policy(
+    u: Utterance,
+    trace: VadTrace,
+    settings: TurnSettings,
+    model_ready: bool,
+    probe: Callable[[Utterance, float, float, float | None], Probe],
+    costs: Costs,
+) -> TurnResult:
     """Play the VAD trace into a fresh policy; the answer to an ASK arrives ``costs`` later."""
     policy = EndOfTurnPolicy(settings, model_ready=model_ready)
     pending: tuple[float, int, Probe] | None = None
@@ -227,21 +265,22 @@ def run_policy(u: Utterance, trace: VadTrace, settings: TurnSettings, model_read
     return TurnResult(None, "never", policy.asks)
 
 
-def _policies(thresholds: list[float], max_silences: list[int], reasks: list[int],
-              min_silence: int) -> dict[str, TurnSettings]:
+def _policies(
+    thresholds: list[float], max_silences: list[int], reasks: list[int], min_silence: int
+) -> dict[str, TurnSettings]:
     out = {"vad-only 500 ms": TurnSettings(engine="vad", vad_silence_ms=500)}
     for text in (False, True):
         for th in thresholds:
             for mx in max_silences:
                 for re_ms in reasks:
                     name = f"smart{'+text' if text else ''} p>={th} max {mx} reask {re_ms}"
-                    out[name] = TurnSettings(threshold=th, min_silence_ms=min_silence, max_silence_ms=mx,
-                                             reask_ms=re_ms, use_transcript=text)
+                    out[name] = TurnSettings(
+                        threshold=th, min_silence_ms=min_silence, max_silence_ms=mx, reask_ms=re_ms, use_transcript=text
+                    )
     return out
 
 
-def evaluate(settings: TurnSettings, traces: dict[str, VadTrace], prober: Prober, costs: Costs,
-             pass_s: float) -> dict:
+def evaluate(settings: TurnSettings, traces: dict[str, VadTrace], prober: Prober, costs: Costs, pass_s: float) -> dict:
     """False cuts on the paused set; waits on the complete set: speech end -> END, and speech end -> the
     transcript ready (END itself when the deciding ask's tiny.en pass is the transcript, else END plus
     one pass of ``pass_s``)."""
@@ -266,26 +305,36 @@ def evaluate(settings: TurnSettings, traces: dict[str, VadTrace], prober: Prober
             cuts[u.voice.name] = cuts.get(u.voice.name, 0) + 1
     n_cuts = sum(cuts.values())
     return {
-        "settings": asdict(settings), "false_cuts": n_cuts, "paused": len(paused),
-        "false_cut_rate": round(n_cuts / len(paused), 4), "false_cuts_by_voice": cuts,
-        "paused_never_ended": never, "complete": len(complete), "complete_cut_before_end": cut_complete,
+        "settings": asdict(settings),
+        "false_cuts": n_cuts,
+        "paused": len(paused),
+        "false_cut_rate": round(n_cuts / len(paused), 4),
+        "false_cuts_by_voice": cuts,
+        "paused_never_ended": never,
+        "complete": len(complete),
+        "complete_cut_before_end": cut_complete,
         "complete_ended_by_model": early,
-        "wait_p50_s": _pct(waits, 50), "wait_p95_s": _pct(waits, 95),
+        "wait_p50_s": _pct(waits, 50),
+        "wait_p95_s": _pct(waits, 95),
         "wait_mean_s": round(float(np.mean(waits)), 3) if waits else None,
-        "transcript_ready_p50_s": _pct(ready, 50), "transcript_ready_p95_s": _pct(ready, 95),
+        "transcript_ready_p50_s": _pct(ready, 50),
+        "transcript_ready_p95_s": _pct(ready, 95),
     }
 
 
-def bench_turn(policies: dict[str, TurnSettings], smart: SmartTurn, stt: SpeechToText, vad: Vad,
-               prompt: str | None) -> dict:
+def bench_turn(
+    policies: dict[str, TurnSettings], smart: SmartTurn, stt: SpeechToText, vad: Vad, prompt: str | None
+) -> dict:
     """Every policy twice: with each model call's measured time (first), then with the p50 of those times
     for every call (the table: equal terms for all policies, and repeatable on a noisy machine)."""
     complete, paused = complete_turns(), paused_turns()
     traces = {u.id: vad_trace(vad, u.audio) for u in tqdm(complete + paused, desc="vad", disable=None, leave=False)}
     prober = Prober(smart, stt, prompt)
     measured = Costs(None, None)
-    first_pass = {name: evaluate(settings, traces, prober, measured, 0.0)
-                  for name, settings in tqdm(policies.items(), desc="policies", disable=None, leave=False)}
+    first_pass = {
+        name: evaluate(settings, traces, prober, measured, 0.0)
+        for name, settings in tqdm(policies.items(), desc="policies", disable=None, leave=False)
+    }
     smart_p50, stt_p50 = float(np.median(prober.smart_times)), float(np.median(prober.stt_times))
     fixed = Costs(smart_p50, stt_p50)
     rows = {name: evaluate(settings, traces, prober, fixed, stt_p50) for name, settings in policies.items()}
@@ -296,14 +345,17 @@ def bench_turn(policies: dict[str, TurnSettings], smart: SmartTurn, stt: SpeechT
         zero = evaluate(policies[name], traces, prober, instant, 0.0)
         row["false_cuts_instant"], row["wait_p50_s_instant"] = zero["false_cuts"], zero["wait_p50_s"]
         row["complete_ended_by_model_instant"] = zero["complete_ended_by_model"]
-    return {"policies": rows, "model_calls": len(prober.smart_times),
-            "smart_turn_ms_p50": round(smart_p50 * 1000, 1),
-            "smart_turn_ms_p95": _pct([s * 1000 for s in prober.smart_times], 95),
-            "tiny_pass_ms_p50": round(stt_p50 * 1000, 1),
-            "tiny_pass_ms_p95": _pct([s * 1000 for s in prober.stt_times], 95),
-            "transcript_prompt": prompt,
-            "paused_pauses_s": sorted({round(u.pause[1] - u.pause[0], 2) for u in paused if u.pause}),
-            "utterances": {"complete": len(complete), "paused": len(paused)}}
+    return {
+        "policies": rows,
+        "model_calls": len(prober.smart_times),
+        "smart_turn_ms_p50": round(smart_p50 * 1000, 1),
+        "smart_turn_ms_p95": _pct([s * 1000 for s in prober.smart_times], 95),
+        "tiny_pass_ms_p50": round(stt_p50 * 1000, 1),
+        "tiny_pass_ms_p95": _pct([s * 1000 for s in prober.stt_times], 95),
+        "transcript_prompt": prompt,
+        "paused_pauses_s": sorted({round(u.pause[1] - u.pause[0], 2) for u in paused if u.pause}),
+        "utterances": {"complete": len(complete), "paused": len(paused)},
+    }
 
 
 def smart_turn_timing(path: Path, threads: list[int], repeats: int = 30) -> dict[str, dict]:
@@ -323,17 +375,25 @@ def smart_turn_timing(path: Path, threads: list[int], repeats: int = 30) -> dict
 
 
 def turn_table(turn: dict) -> str:
-    lines = [(f"{'end-of-turn rule':40s} {'false cuts':>12s} {'wait p50':>9s} {'wait p95':>9s} {'ready p50':>10s} "
-              f"{'by model':>9s} | {'instant: cuts':>13s} {'wait p50':>9s}   ({turn['utterances']['paused']} paused "
-              f"requests, pauses {turn['paused_pauses_s']} s; {turn['utterances']['complete']} complete)")]
+    lines = [
+        (
+            f"{'end-of-turn rule':40s} {'false cuts':>12s} {'wait p50':>9s} {'wait p95':>9s} {'ready p50':>10s} "
+            f"{'by model':>9s} | {'instant: cuts':>13s} {'wait p50':>9s}   ({turn['utterances']['paused']} paused "
+            f"requests, pauses {turn['paused_pauses_s']} s; {turn['utterances']['complete']} complete)"
+        )
+    ]
     for name, r in turn["policies"].items():
-        lines.append(f"{name:40s} {r['false_cuts']:4d} ({r['false_cut_rate']:5.1%}) {r['wait_p50_s'] * 1000:7.0f}ms "
-                     f"{r['wait_p95_s'] * 1000:7.0f}ms {r['transcript_ready_p50_s'] * 1000:8.0f}ms "
-                     f"{r['complete_ended_by_model']:5d}/{r['complete']} | {r['false_cuts_instant']:13d} "
-                     f"{r['wait_p50_s_instant'] * 1000:7.0f}ms")
-    lines.append(f"every answer charged the p50 call time: Smart Turn {turn['smart_turn_ms_p50']:.0f} ms (p95 "
-                 f"{turn['smart_turn_ms_p95']:.0f}), tiny.en pass {turn['tiny_pass_ms_p50']:.0f} ms (p95 "
-                 f"{turn['tiny_pass_ms_p95']:.0f}), {turn['model_calls']} calls; 'ready': speech end -> transcript")
+        lines.append(
+            f"{name:40s} {r['false_cuts']:4d} ({r['false_cut_rate']:5.1%}) {r['wait_p50_s'] * 1000:7.0f}ms "
+            f"{r['wait_p95_s'] * 1000:7.0f}ms {r['transcript_ready_p50_s'] * 1000:8.0f}ms "
+            f"{r['complete_ended_by_model']:5d}/{r['complete']} | {r['false_cuts_instant']:13d} "
+            f"{r['wait_p50_s_instant'] * 1000:7.0f}ms"
+        )
+    lines.append(
+        f"every answer charged the p50 call time: Smart Turn {turn['smart_turn_ms_p50']:.0f} ms (p95 "
+        f"{turn['smart_turn_ms_p95']:.0f}), tiny.en pass {turn['tiny_pass_ms_p50']:.0f} ms (p95 "
+        f"{turn['tiny_pass_ms_p95']:.0f}), {turn['model_calls']} calls; 'ready': speech end -> transcript"
+    )
     return "\n".join(lines)
 
 
@@ -355,16 +415,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thresholds", default="0.5,0.7,0.9")
     parser.add_argument("--max-silences", default="1000,1500")
     parser.add_argument("--reasks", default="0,300")
-    parser.add_argument("--no-prompt", action="store_true", help="decode the transcript check without "
-                                                                 "audio.turn.TRANSCRIPT_PROMPT")
+    parser.add_argument(
+        "--no-prompt", action="store_true", help="decode the transcript check without audio.turn.TRANSCRIPT_PROMPT"
+    )
     parser.add_argument("--min-silence", type=int, default=200)
     parser.add_argument("--turn-threads", type=int, default=1, help="Smart Turn onnxruntime threads")
     parser.add_argument("--skip-stt", action="store_true")
     parser.add_argument("--skip-turn", action="store_true")
     opts = parser.parse_args(argv)
     started, load = time.time(), os.getloadavg()[0]
-    result: dict = {"machine": {"cpus": os.cpu_count(), "load_avg_at_start": round(load, 2),
-                                "python": platform.python_version()}, "started": started}
+    result: dict = {
+        "machine": {"cpus": os.cpu_count(), "load_avg_at_start": round(load, 2), "python": platform.python_version()},
+        "started": started,
+    }
     print(f"machine: {os.cpu_count()} CPUs, 1-minute load average at start {load:.1f}")
     if not opts.skip_stt:
         utterances = varied_set()
@@ -378,13 +441,23 @@ def main(argv: list[str] | None = None) -> int:
         onnx = resolve("smart-turn-v3.2", "turn").path
         assert onnx is not None
         result["smart_turn_timing"] = smart_turn_timing(onnx, [1, 2])
-        print("Smart Turn, one call on an 8 s window: " + ", ".join(
-            f"{n} thread(s) p50 {t['p50_ms']:.1f} ms p95 {t['p95_ms']:.1f} ms" for n, t in result["smart_turn_timing"].items()))
+        print(
+            "Smart Turn, one call on an 8 s window: "
+            + ", ".join(
+                f"{n} thread(s) p50 {t['p50_ms']:.1f} ms p95 {t['p95_ms']:.1f} ms"
+                for n, t in result["smart_turn_timing"].items()
+            )
+        )
         vad = Vad(resolve("silero-vad", "vad").path, end_silence_ms=10_000)
         tiny = SpeechToText(resolve("whisper-tiny.en", "stt"), STTConfig(language="en", compute_type="int8", threads=2))
         policies = _policies(_floats(opts.thresholds), _ints(opts.max_silences), _ints(opts.reasks), opts.min_silence)
-        result["turn"] = bench_turn(policies, SmartTurn(onnx, threads=opts.turn_threads), tiny, vad,
-                                    None if opts.no_prompt else TRANSCRIPT_PROMPT)
+        result["turn"] = bench_turn(
+            policies,
+            SmartTurn(onnx, threads=opts.turn_threads),
+            tiny,
+            vad,
+            None if opts.no_prompt else TRANSCRIPT_PROMPT,
+        )
         print(turn_table(result["turn"]))
     result["duration_s"] = round(time.time() - started, 1)
     out = Path(opts.out)

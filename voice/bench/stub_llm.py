@@ -17,8 +17,10 @@ import re
 import time
 from typing import Any
 
-REPLY = ("Paris is the capital of France, and it sits on the river Seine. Spring and early autumn are the best "
-         "times to visit, when the weather is mild and the crowds are smaller.")
+REPLY = (
+    "Paris is the capital of France, and it sits on the river Seine. Spring and early autumn are the best "
+    "times to visit, when the weather is mild and the crowds are smaller."
+)
 
 
 class StubLLM:
@@ -68,8 +70,10 @@ class StubLLM:
     @staticmethod
     def _reply(writer: asyncio.StreamWriter, status: int, payload: dict[str, Any]) -> None:
         data = json.dumps(payload).encode()
-        writer.write(b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
-                     % (status, len(data), data))
+        writer.write(
+            b"HTTP/1.1 %d OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s"
+            % (status, len(data), data)
+        )
 
     async def _stream(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, body: dict) -> bool:
         """Stream the reply; False when the client closed the connection first (noted in ``closed``)."""
@@ -87,9 +91,13 @@ class StubLLM:
                 self._event(writer, {"choices": [{"index": 0, "delta": {"content": token}}]})
                 await writer.drain()
             gone.cancel()
-            self._event(writer, {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                                 "usage": {"prompt_tokens": 0, "completion_tokens": len(tokens),
-                                           "total_tokens": len(tokens)}})
+            self._event(
+                writer,
+                {
+                    "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
+                    "usage": {"prompt_tokens": 0, "completion_tokens": len(tokens), "total_tokens": len(tokens)},
+                },
+            )
             writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
             return True
         except ConnectionError:

@@ -90,19 +90,25 @@ class MqttBridge:
         check_allowed(self.allowed)
         for topic in self.allowed:
             if topic.startswith((self.prefix + "/", cfg.discovery_prefix + "/")):
-                raise ValueError(f"mqtt.allowed_actions[{topic!r}] would let the model command the assistant or "
-                                 "Home Assistant discovery itself; fix: allow only device command topics")
+                raise ValueError(
+                    f"mqtt.allowed_actions[{topic!r}] would let the model command the assistant or "
+                    "Home Assistant discovery itself; fix: allow only device command topics"
+                )
         for topic, template in cfg.events.items():
             try:
                 template_fields(template)
             except ValueError as exc:
-                raise ValueError(f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template ({exc}); "
-                                 "fix: write fields as {name} and a literal brace as {{ or }}") from None
+                raise ValueError(
+                    f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template ({exc}); "
+                    "fix: write fields as {name} and a literal brace as {{ or }}"
+                ) from None
         for key in ("ca_file", "cert_file", "key_file"):
             path = getattr(cfg, key)
             if cfg.tls and path and not Path(path).expanduser().is_file():
-                raise ValueError(f"mqtt.{key} = {path!r} does not exist; fix: point it at a PEM file readable by "
-                                 "the service (or unset it)")
+                raise ValueError(
+                    f"mqtt.{key} = {path!r} does not exist; fix: point it at a PEM file readable by "
+                    "the service (or unset it)"
+                )
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
         self.outbox = Outbox(OUTBOX_LIMIT)
@@ -127,13 +133,24 @@ class MqttBridge:
 
     def _client(self) -> aiomqtt.Client:
         cfg = self.cfg
-        tls = aiomqtt.TLSParameters(ca_certs=cfg.ca_file, certfile=cfg.cert_file, keyfile=cfg.key_file) \
-            if cfg.tls else None
+        tls = (
+            aiomqtt.TLSParameters(ca_certs=cfg.ca_file, certfile=cfg.cert_file, keyfile=cfg.key_file)
+            if cfg.tls
+            else None
+        )
         return aiomqtt.Client(
-            cfg.host, cfg.port, username=cfg.username, password=cfg.password, identifier=cfg.client_id,
-            clean_session=False, keepalive=cfg.keepalive_s, tls_params=tls, timeout=PUBLISH_TIMEOUT_S,
+            cfg.host,
+            cfg.port,
+            username=cfg.username,
+            password=cfg.password,
+            identifier=cfg.client_id,
+            clean_session=False,
+            keepalive=cfg.keepalive_s,
+            tls_params=tls,
+            timeout=PUBLISH_TIMEOUT_S,
             will=aiomqtt.Will(self.topics.availability, "offline", qos=1, retain=True),
-            logger=logging.getLogger("specvoice.mqtt.paho"))
+            logger=logging.getLogger("specvoice.mqtt.paho"),
+        )
 
     async def run(self) -> None:
         self.assistant.add_listener(self._on_event)
@@ -153,8 +170,13 @@ class MqttBridge:
                     self._lost_in_flight()
                 if was_connected:
                     delay = self.cfg.reconnect_min_s
-                self._quiet.warning("connection", "mqtt connection lost or refused; retrying",
-                                    error=self.last_error, retry_in_s=delay, broker=self._where())
+                self._quiet.warning(
+                    "connection",
+                    "mqtt connection lost or refused; retrying",
+                    error=self.last_error,
+                    retry_in_s=delay,
+                    broker=self._where(),
+                )
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, self.cfg.reconnect_max_s)
         finally:
@@ -195,20 +217,25 @@ class MqttBridge:
         if self.cfg.discovery:
             subscriptions.append(f"{self.cfg.discovery_prefix}/status")
         granted = await client.subscribe([(topic, 1) for topic in subscriptions])
-        codes = [int(getattr(code, "value", code)) for code in granted]
+        codes = [code if isinstance(code, int) else int(code.value) for code in granted]
         refused = [topic for topic, code in zip(subscriptions, codes, strict=False) if code >= 0x80]
         if refused:  # e.g. a broker ACL: the bridge still runs, but those triggers will never arrive
             self.last_error = f"the broker refused subscriptions to {refused}; fix: allow them in its ACL"
             log.error("mqtt subscriptions refused", extra={"topics": refused})
         # through the outbox like everything else: ahead of results, and a config too big for the broker is
         # skipped instead of making the bridge reconnect forever
-        for message in [Outgoing(t.availability, "online", True, Priority.CONTROL), *self._discovery(),
-                        Outgoing(t.state, self._state.value, True, Priority.CONTROL)]:
+        for message in [
+            Outgoing(t.availability, "online", True, Priority.CONTROL),
+            *self._discovery(),
+            Outgoing(t.state, self._state.value, True, Priority.CONTROL),
+        ]:
             self.outbox.put(message)
         if not refused:
             self.last_error = None
-        log.info("mqtt connected", extra={"broker": self._where(), "client_id": self.cfg.client_id,
-                                          "subscriptions": subscriptions})
+        log.info(
+            "mqtt connected",
+            extra={"broker": self._where(), "client_id": self.cfg.client_id, "subscriptions": subscriptions},
+        )
 
     async def _read(self, client: aiomqtt.Client) -> None:
         async for message in client.messages:
@@ -233,8 +260,9 @@ class MqttBridge:
             if message is None:
                 continue
             if message.packet_bytes > self.cfg.max_packet_bytes:
-                self._skip(message, f"{message.packet_bytes} bytes is over mqtt.max_packet_bytes "
-                                    f"({self.cfg.max_packet_bytes})")
+                self._skip(
+                    message, f"{message.packet_bytes} bytes is over mqtt.max_packet_bytes ({self.cfg.max_packet_bytes})"
+                )
                 continue
             self._in_flight = message
             await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
@@ -249,31 +277,44 @@ class MqttBridge:
         lost, self._in_flight = self._in_flight, None
         if lost is not None and lost is self._suspect:
             self._suspect = None
-            self._skip(lost, "the broker closed the connection twice while it was being sent (over the broker's "
-                             "max_packet_size?)")
+            self._skip(
+                lost,
+                "the broker closed the connection twice while it was being sent (over the broker's max_packet_size?)",
+            )
         elif lost is not None:
             self._suspect = lost
 
     def _skip(self, message: Outgoing, why: str) -> None:
         self.outbox.done(message)
         self.skipped += 1
-        log.warning("mqtt message skipped", extra={"topic": message.topic, "bytes": message.packet_bytes,
-                                                   "reason": why + "; fix: raise the broker's max_packet_size"})
+        log.warning(
+            "mqtt message skipped",
+            extra={
+                "topic": message.topic,
+                "bytes": message.packet_bytes,
+                "reason": why + "; fix: raise the broker's max_packet_size",
+            },
+        )
 
-    def _send(self, topic: str, payload: str | dict, retain: bool = False,
-              priority: Priority = Priority.RESULT) -> None:
+    def _send(
+        self, topic: str, payload: str | dict, retain: bool = False, priority: Priority = Priority.RESULT
+    ) -> None:
         if isinstance(payload, dict):
             payload = json.dumps(payload, default=str)
         dropped = self.outbox.put(Outgoing(topic, payload, retain, priority))
         if dropped is not None:
-            self._quiet.warning("outbox", "mqtt outbox full: dropped a message", topic=dropped.topic,
-                                dropped_total=self.outbox.dropped)
+            self._quiet.warning(
+                "outbox", "mqtt outbox full: dropped a message", topic=dropped.topic, dropped_total=self.outbox.dropped
+            )
 
     def _error(self, kind: str, message: str, **details: Any) -> None:
         """Report on <p>/error, at most 20 at once and 2 a second per topic: a flood earns no flood."""
         if self._errors.allow(str(details.get("topic", kind))):
-            self._send(self.topics.error, {"kind": kind, "error": message, **details, "t": round(time.time(), 3)},
-                       priority=Priority.TELEMETRY)
+            self._send(
+                self.topics.error,
+                {"kind": kind, "error": message, **details, "t": round(time.time(), 3)},
+                priority=Priority.TELEMETRY,
+            )
 
     def _where(self) -> str:
         return f"{'mqtts' if self.cfg.tls else 'mqtt'}://{self.cfg.host}:{self.cfg.port}"
@@ -295,6 +336,7 @@ class MqttBridge:
                 self.outbox.put(message)
             log.info("home assistant came online: discovery sent again")
         elif self._discovery_timer is None:
+
             def later() -> None:
                 self._discovery_timer = None
                 self._rediscover()
@@ -307,9 +349,12 @@ class MqttBridge:
         topic, t = message.topic.value, self.topics
         if message.retain:
             # a retained command would be replayed at every (re)connection: never act on one
-            self._quiet.warning(f"retained {topic}", "ignored a retained message on a command topic; fix: publish "
-                                "commands without the retain flag (and clear it: an empty retained message)",
-                                topic=topic)
+            self._quiet.warning(
+                f"retained {topic}",
+                "ignored a retained message on a command topic; fix: publish "
+                "commands without the retain flag (and clear it: an empty retained message)",
+                topic=topic,
+            )
             return
         if topic == t.say:
             self.commands.enqueue(Command("say", parse_text_command(message.payload, fields={})["text"], topic))
@@ -362,24 +407,55 @@ class MqttBridge:
         elif isinstance(event, TranscriptFinal) and event.text.strip():
             self._send(t.transcript, {"text": event.text, "session": session_id}, retain=retain)
         elif isinstance(event, TurnDone) and session_id not in self.commands.saying:
-            self._send(t.reply, {"text": event.reply, "session": session_id, "turn_id": event.turn_id,
-                                 "interrupted": event.interrupted}, retain=retain)
+            self._send(
+                t.reply,
+                {
+                    "text": event.reply,
+                    "session": session_id,
+                    "turn_id": event.turn_id,
+                    "interrupted": event.interrupted,
+                },
+                retain=retain,
+            )
             stages = event.trace.get("stages_ms", {})
             stage = next((s for s in ("voice_to_voice", "text_to_voice") if s in stages), None)
             decoder = event.trace.get("decoder") or {}
             if stage is not None:
                 acceptance = round(100 * decoder["accepted_per_drafted"], 1) if decoder.get("drafted") else None
-                self._send(t.latency, {"ms": stages[stage], "stage": stage, "session": session_id,
-                                       "turn_id": event.turn_id, "acceptance_pct": acceptance,
-                                       "over_budget": event.trace.get("over_budget", [])},
-                           retain=True, priority=Priority.TELEMETRY)
-            self._send(t.turn, {"session": session_id, "turn_id": event.turn_id, "transcript": event.transcript,
-                                "reply": event.reply, "interrupted": event.interrupted, "trace": event.trace},
-                       priority=Priority.TELEMETRY)
+                self._send(
+                    t.latency,
+                    {
+                        "ms": stages[stage],
+                        "stage": stage,
+                        "session": session_id,
+                        "turn_id": event.turn_id,
+                        "acceptance_pct": acceptance,
+                        "over_budget": event.trace.get("over_budget", []),
+                    },
+                    retain=True,
+                    priority=Priority.TELEMETRY,
+                )
+            self._send(
+                t.turn,
+                {
+                    "session": session_id,
+                    "turn_id": event.turn_id,
+                    "transcript": event.transcript,
+                    "reply": event.reply,
+                    "interrupted": event.interrupted,
+                    "trace": event.trace,
+                },
+                priority=Priority.TELEMETRY,
+            )
             self.publish_event("turn_end", session=session_id, turn_id=event.turn_id, interrupted=event.interrupted)
         elif isinstance(event, TurnError):
-            self._error("turn", f"turn {event.turn_id} failed in {event.stage}: {event.message}",
-                        session=session_id, turn_id=event.turn_id, stage=event.stage)
+            self._error(
+                "turn",
+                f"turn {event.turn_id} failed in {event.stage}: {event.message}",
+                session=session_id,
+                turn_id=event.turn_id,
+                stage=event.stage,
+            )
 
     def _action(self, session_id: str, request: ActionRequested) -> None:
         """Publish an allowed action; refuse anything else. The allow-list is checked again here: the request
@@ -389,14 +465,17 @@ class MqttBridge:
             reason = f"{request.topic!r} {request.payload!r} is not on this bridge's mqtt.allowed_actions"
         elif request.allowed:
             self._send(request.topic, request.payload)
-            self._send(self.topics.action, {"topic": request.topic, "payload": request.payload,
-                                            "session": session_id})
+            self._send(self.topics.action, {"topic": request.topic, "payload": request.payload, "session": session_id})
             log.info("home action", extra={"topic": request.topic, "payload": request.payload})
             return
-        self._error("action", f"action refused: {reason or 'not allowed'}", topic=request.topic,
-                    payload=request.payload, session=session_id)
-        log.warning("home action refused", extra={"topic": request.topic, "payload": request.payload,
-                                                  "reason": reason})
+        self._error(
+            "action",
+            f"action refused: {reason or 'not allowed'}",
+            topic=request.topic,
+            payload=request.payload,
+            session=session_id,
+        )
+        log.warning("home action refused", extra={"topic": request.topic, "payload": request.payload, "reason": reason})
 
 
 def _explain(exc: aiomqtt.MqttError, cfg) -> str:

@@ -57,10 +57,14 @@ class CommandRunner:
         try:
             self.queue.put_nowait(command)
         except asyncio.QueueFull:
-            self.bridge._error("busy", f"{self.queue.maxsize} commands are already waiting, so this "
-                               f"{command.kind} was refused; fix: send it again once the assistant is idle "
-                               "(see <p>/state), or raise mqtt.max_queued_commands", topic=command.source,
-                               id=command.id)
+            self.bridge._error(
+                "busy",
+                f"{self.queue.maxsize} commands are already waiting, so this "
+                f"{command.kind} was refused; fix: send it again once the assistant is idle "
+                "(see <p>/state), or raise mqtt.max_queued_commands",
+                topic=command.source,
+                id=command.id,
+            )
             self.bridge._quiet.warning("busy", "mqtt command refused: queue full", topic=command.source)
 
     def cancel_soon(self, *, local: bool) -> None:
@@ -91,8 +95,9 @@ class CommandRunner:
                     raise
             except Exception as exc:
                 log.exception("mqtt command failed", extra={"kind": command.kind})
-                self.bridge._error("command", f"{command.kind} failed: {type(exc).__name__}: {exc}",
-                                   topic=command.source)
+                self.bridge._error(
+                    "command", f"{command.kind} failed: {type(exc).__name__}: {exc}", topic=command.source
+                )
             finally:
                 self.current_session = None
 
@@ -128,13 +133,29 @@ class CommandRunner:
                 interrupted = True
             finally:
                 self.saying.discard(session.id)
-            bridge._send(topics.spoken, {"text": command.text, "source": command.source,
-                                         "audio_s": round(self._audio_samples / rate, 3), "interrupted": interrupted})
+            bridge._send(
+                topics.spoken,
+                {
+                    "text": command.text,
+                    "source": command.source,
+                    "audio_s": round(self._audio_samples / rate, 3),
+                    "interrupted": interrupted,
+                },
+            )
             return
         done: TurnDone = await session.ask(command.text, speak=command.speak)
-        bridge._send(topics.answer, {"id": command.id, "question": command.text, "reply": done.reply,
-                                     "conversation_id": command.conversation, "turn_id": done.turn_id,
-                                     "interrupted": done.interrupted, "audio_s": round(self._audio_samples / rate, 3)})
+        bridge._send(
+            topics.answer,
+            {
+                "id": command.id,
+                "question": command.text,
+                "reply": done.reply,
+                "conversation_id": command.conversation,
+                "turn_id": done.turn_id,
+                "interrupted": done.interrupted,
+                "audio_s": round(self._audio_samples / rate, 3),
+            },
+        )
 
 
 def forget_history(session: Any) -> None:

@@ -17,6 +17,7 @@ Entities (``<node>`` = ``mqtt.node_id``, default: the host name; every one has `
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from voice.events import State
 from voice.transports.mqtt_payloads import Outgoing, Priority, Topics
@@ -28,37 +29,84 @@ EVENT_TYPES = ["wake_word", "turn_end"]
 def discovery_messages(topics: Topics, node: str, discovery_prefix: str, version: str) -> list[Outgoing]:
     """The retained discovery configs, one per entity."""
     t = topics
-    device = {"identifiers": [f"specvoice_{node}"], "name": f"specvoice {node}", "manufacturer": "specvoice",
-              "model": "local voice assistant", "sw_version": version}
-    common = {"availability_topic": t.availability, "payload_available": "online",
-              "payload_not_available": "offline", "device": device,
-              "origin": {"name": "specvoice", "sw_version": version}}
+    device = {
+        "identifiers": [f"specvoice_{node}"],
+        "name": f"specvoice {node}",
+        "manufacturer": "specvoice",
+        "model": "local voice assistant",
+        "sw_version": version,
+    }
+    common = {
+        "availability_topic": t.availability,
+        "payload_available": "online",
+        "payload_not_available": "offline",
+        "device": device,
+        "origin": {"name": "specvoice", "sw_version": version},
+    }
     text_state = f"{{{{ value_json.text[:{HA_STATE_MAX}] }}}}"
     diagnostic = {"entity_category": "diagnostic", "state_class": "measurement"}
-    entities = {
-        ("sensor", "state"): {"name": "State", "state_topic": t.state, "device_class": "enum",
-                              "options": [s.value for s in State], "icon": "mdi:account-voice"},
-        ("sensor", "transcript"): {"name": "Last transcript", "state_topic": t.transcript,
-                                   "value_template": text_state, "json_attributes_topic": t.transcript,
-                                   "icon": "mdi:microphone-message"},
-        ("sensor", "reply"): {"name": "Last reply", "state_topic": t.reply, "value_template": text_state,
-                              "json_attributes_topic": t.reply, "icon": "mdi:message-reply-text"},
-        ("sensor", "latency"): {"name": "Response latency", "state_topic": t.latency,
-                                "value_template": "{{ value_json.ms }}", "json_attributes_topic": t.latency,
-                                "unit_of_measurement": "ms", "device_class": "duration",
-                                "icon": "mdi:timer-outline", **diagnostic},
-        ("sensor", "acceptance"): {"name": "Draft acceptance", "state_topic": t.latency,
-                                   "value_template": "{{ value_json.acceptance_pct | default(none) }}",
-                                   "unit_of_measurement": "%", "icon": "mdi:check-decagram-outline", **diagnostic},
-        ("text", "say"): {"name": "Say", "command_topic": t.say, "mode": "text", "max": HA_STATE_MAX,
-                          "icon": "mdi:bullhorn"},
-        ("text", "ask"): {"name": "Ask", "command_topic": t.ask, "mode": "text", "max": HA_STATE_MAX,
-                          "icon": "mdi:chat-question"},
+    entities: dict[tuple[str, str], dict[str, Any]] = {
+        ("sensor", "state"): {
+            "name": "State",
+            "state_topic": t.state,
+            "device_class": "enum",
+            "options": [s.value for s in State],
+            "icon": "mdi:account-voice",
+        },
+        ("sensor", "transcript"): {
+            "name": "Last transcript",
+            "state_topic": t.transcript,
+            "value_template": text_state,
+            "json_attributes_topic": t.transcript,
+            "icon": "mdi:microphone-message",
+        },
+        ("sensor", "reply"): {
+            "name": "Last reply",
+            "state_topic": t.reply,
+            "value_template": text_state,
+            "json_attributes_topic": t.reply,
+            "icon": "mdi:message-reply-text",
+        },
+        ("sensor", "latency"): {
+            "name": "Response latency",
+            "state_topic": t.latency,
+            "value_template": "{{ value_json.ms }}",
+            "json_attributes_topic": t.latency,
+            "unit_of_measurement": "ms",
+            "device_class": "duration",
+            "icon": "mdi:timer-outline",
+            **diagnostic,
+        },
+        ("sensor", "acceptance"): {
+            "name": "Draft acceptance",
+            "state_topic": t.latency,
+            "value_template": "{{ value_json.acceptance_pct | default(none) }}",
+            "unit_of_measurement": "%",
+            "icon": "mdi:check-decagram-outline",
+            **diagnostic,
+        },
+        ("text", "say"): {
+            "name": "Say",
+            "command_topic": t.say,
+            "mode": "text",
+            "max": HA_STATE_MAX,
+            "icon": "mdi:bullhorn",
+        },
+        ("text", "ask"): {
+            "name": "Ask",
+            "command_topic": t.ask,
+            "mode": "text",
+            "max": HA_STATE_MAX,
+            "icon": "mdi:chat-question",
+        },
         ("notify", "speak"): {"name": "Speak", "command_topic": t.say, "icon": "mdi:account-voice"},
-        ("button", "stop"): {"name": "Stop", "command_topic": t.cancel, "payload_press": "PRESS",
-                             "icon": "mdi:stop"},
-        ("event", "event"): {"name": "Voice event", "state_topic": t.event, "event_types": EVENT_TYPES,
-                             "icon": "mdi:gesture-tap"},
+        ("button", "stop"): {"name": "Stop", "command_topic": t.cancel, "payload_press": "PRESS", "icon": "mdi:stop"},
+        ("event", "event"): {
+            "name": "Voice event",
+            "state_topic": t.event,
+            "event_types": EVENT_TYPES,
+            "icon": "mdi:gesture-tap",
+        },
     }
     out = []
     for (component, object_id), config in entities.items():

@@ -73,7 +73,7 @@ class Outbox:
 
     async def wait(self) -> Outgoing | None:
         """The next message to send; None when woken with nothing to send (``changed`` set by hand)."""
-        if (message := self.head()) is None:
+        if self.head() is None:
             self.changed.clear()
             await self.changed.wait()
         return self.head()

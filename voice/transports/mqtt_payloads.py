@@ -80,14 +80,16 @@ class Topics:
 
 # ---- payloads ---------------------------------------------------------------------------------------------------
 
+
 def decode_payload(payload: bytes | bytearray | str | None) -> str:
     if payload is None:
         return ""
     if isinstance(payload, str):
         return payload
     if len(payload) > MAX_PAYLOAD_BYTES:
-        raise PayloadError(f"payload of {len(payload)} bytes is over the {MAX_PAYLOAD_BYTES} byte limit; "
-                           "fix: send a shorter text")
+        raise PayloadError(
+            f"payload of {len(payload)} bytes is over the {MAX_PAYLOAD_BYTES} byte limit; fix: send a shorter text"
+        )
     try:
         return bytes(payload).decode("utf-8")
     except UnicodeDecodeError:
@@ -101,8 +103,10 @@ def parse_json_object(text: str) -> dict[str, Any] | None:
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PayloadError(f"invalid JSON ({exc.msg} at character {exc.pos}); fix: send valid JSON such as "
-                           '{"text": "hello"}, or plain text that does not start with "{"') from None
+        raise PayloadError(
+            f"invalid JSON ({exc.msg} at character {exc.pos}); fix: send valid JSON such as "
+            '{"text": "hello"}, or plain text that does not start with "{"'
+        ) from None
     except RecursionError:
         raise PayloadError('JSON nested too deeply; fix: send a flat object such as {"text": "hello"}') from None
     return data  # text that starts with "{" and parses is always an object
@@ -140,8 +144,10 @@ def parse_ask(payload) -> Command:
     if conversation is not None:
         conversation = str(conversation)
         if not _CONVERSATION_ID.fullmatch(conversation):
-            raise PayloadError(f"conversation_id {conversation[:80]!r} is not usable; fix: 1-64 letters, digits or "
-                               "'_', '-', '.', ':', '@'")
+            raise PayloadError(
+                f"conversation_id {conversation[:80]!r} is not usable; fix: 1-64 letters, digits or "
+                "'_', '-', '.', ':', '@'"
+            )
     return Command("ask", data["text"], "", data.get("id"), data.get("speak", True), conversation)
 
 
@@ -159,13 +165,16 @@ def render_event(template: str, topic: str, payload) -> str:
     for name in template_fields(template):
         key = name.split(".")[0].split("[")[0]
         if key not in values:
-            raise PayloadError(f"the sentence {template!r} needs the field {key!r}; fix: send it in a JSON "
-                               f'object, e.g. {{"{key}": "..."}}')
+            raise PayloadError(
+                f"the sentence {template!r} needs the field {key!r}; fix: send it in a JSON "
+                f'object, e.g. {{"{key}": "..."}}'
+            )
     try:
         sentence = template.format_map(values).strip()
     except (AttributeError, IndexError, KeyError, TypeError, ValueError) as exc:
-        raise PayloadError(f"cannot fill the sentence {template!r} from this payload ({exc}); "
-                           "fix: send plain values for its fields") from None
+        raise PayloadError(
+            f"cannot fill the sentence {template!r} from this payload ({exc}); fix: send plain values for its fields"
+        ) from None
     if not sentence:
         raise PayloadError("the announcement would be empty; fix: send the fields the sentence uses")
     return sentence[:MAX_TEXT_CHARS]

@@ -74,8 +74,10 @@ class Gate:
         """The allow-list as networks; refuses an exposed bind without one (Wyoming has no authentication)."""
         w = config.wyoming
         if not is_loopback(w.host) and not w.allowed_clients:
-            raise ConfigError(f"wyoming.host = {w.host!r} exposes the Wyoming server, which has no authentication; "
-                              "fix: set wyoming.allowed_clients (e.g. ['192.168.1.0/24']) or bind to 127.0.0.1")
+            raise ConfigError(
+                f"wyoming.host = {w.host!r} exposes the Wyoming server, which has no authentication; "
+                "fix: set wyoming.allowed_clients (e.g. ['192.168.1.0/24']) or bind to 127.0.0.1"
+            )
         try:
             return [ipaddress.ip_network(n, strict=False) for n in w.allowed_clients]
         except ValueError as exc:
@@ -112,8 +114,7 @@ class WyomingHandler(AsyncEventHandler):
         self._own: Routed | None = None  # this connection's session (tts, and handle without a conversation id)
         self._has_slot = False
         self._gone = False  # a write failed: the client is not reading any more
-        self.asr = AsrStream(lambda: self.assistant.listener(endpointing=False), s.max_turn_audio_s,
-                             self.write_event)
+        self.asr = AsrStream(lambda: self.assistant.listener(endpointing=False), s.max_turn_audio_s, self.write_event)
         # tts
         self._chunker: Chunker | None = None  # a synthesize stream is open
         self._audio_started = False
@@ -158,8 +159,9 @@ class WyomingHandler(AsyncEventHandler):
         shared = self.server.shared
         if not shared.slots.acquire():
             shared.metrics.rejected.labels("wyoming", "sessions").inc()
-            await self._refuse(f"server busy: {shared.slots.limit} sessions open (server.max_sessions); "
-                               "try again later", "busy")
+            await self._refuse(
+                f"server busy: {shared.slots.limit} sessions open (server.max_sessions); try again later", "busy"
+            )
             return False
         self._has_slot = True
         shared.metrics.session_opened("wyoming")
@@ -189,8 +191,9 @@ class WyomingHandler(AsyncEventHandler):
         except TimeoutError:
             self._gone = True
             log.info("dropping a client that stopped reading", extra={"client": self.client})
-            raise ConnectionResetError(f"the client read nothing for {self.write_s:g} s "
-                                       "(wyoming.write_timeout_s)") from None
+            raise ConnectionResetError(
+                f"the client read nothing for {self.write_s:g} s (wyoming.write_timeout_s)"
+            ) from None
         except ConnectionError:
             self._gone = True
             raise
@@ -266,8 +269,11 @@ class WyomingHandler(AsyncEventHandler):
         elif Transcript.is_type(kind):
             await self._handle_text(text_field(event), conversation_id(event))
         else:
-            await self.error(f"unsupported event type {kind[:40]!r}; this server handles describe, transcribe, "
-                             "audio-start/-chunk/-stop, synthesize(-start/-chunk/-stop) and transcript", "unsupported")
+            await self.error(
+                f"unsupported event type {kind[:40]!r}; this server handles describe, transcribe, "
+                "audio-start/-chunk/-stop, synthesize(-start/-chunk/-stop) and transcript",
+                "unsupported",
+            )
         return True
 
     # ---- tts -----------------------------------------------------------------------------------------------
@@ -292,12 +298,15 @@ class WyomingHandler(AsyncEventHandler):
             _, failure = await self.own().run(_saying(fragment))
             if failure is not None:
                 self._tts_failed = True
-                await self.error(f"speech synthesis failed ({failure}); the rest of the text was not spoken",
-                                 "tts_failed", client_fault=False)
+                await self.error(
+                    f"speech synthesis failed ({failure}); the rest of the text was not spoken",
+                    "tts_failed",
+                    client_fault=False,
+                )
 
     async def _write_audio(self, samples: np.ndarray, rate: int) -> None:
         for i in range(0, len(samples), CHUNK_SAMPLES):
-            pcm = samples[i:i + CHUNK_SAMPLES].astype("<i2").tobytes()
+            pcm = samples[i : i + CHUNK_SAMPLES].astype("<i2").tobytes()
             await self.write_event(AudioChunk(rate=rate, width=2, channels=1, audio=pcm).event())
 
     async def _synthesize_chunk(self, text: str) -> None:

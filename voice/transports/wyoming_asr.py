@@ -25,8 +25,9 @@ from voice.transports.wyoming_io import Refused
 class AsrStream:
     """One connection's transcription requests, one at a time. ``write`` sends an event to the client."""
 
-    def __init__(self, new_listener: Callable[[], Listener], max_audio_s: float,
-                 write: Callable[[Event], Awaitable[None]]) -> None:
+    def __init__(
+        self, new_listener: Callable[[], Listener], max_audio_s: float, write: Callable[[Event], Awaitable[None]]
+    ) -> None:
         self._new_listener, self.max_audio_s, self._write = new_listener, max_audio_s, write
         self._listener: Listener | None = None
         self._converter: AudioChunkConverter | None = None
@@ -44,17 +45,24 @@ class AsrStream:
 
     async def chunk(self, chunk: AudioChunk) -> None:
         if self._listener is None or self._converter is None:
-            raise Refused("audio-chunk before audio-start; send audio-start with rate, width and channels first",
-                          "no_audio_start")
+            raise Refused(
+                "audio-chunk before audio-start; send audio-start with rate, width and channels first", "no_audio_start"
+            )
         check_format(chunk.rate, chunk.width, chunk.channels)
         if len(chunk.audio) % (chunk.width * chunk.channels):
-            raise Refused(f"audio-chunk of {len(chunk.audio)} bytes is not a whole number of "
-                          f"{chunk.width * chunk.channels}-byte frames", "bad_audio_format")
+            raise Refused(
+                f"audio-chunk of {len(chunk.audio)} bytes is not a whole number of "
+                f"{chunk.width * chunk.channels}-byte frames",
+                "bad_audio_format",
+            )
         self._seconds += chunk.seconds
         if self._seconds > self.max_audio_s:
             await self.close()
-            raise Refused(f"more than {self.max_audio_s:g} s of audio in one request (server.max_turn_audio_s); "
-                          "the request was dropped", "audio_too_long")
+            raise Refused(
+                f"more than {self.max_audio_s:g} s of audio in one request (server.max_turn_audio_s); "
+                "the request was dropped",
+                "audio_too_long",
+            )
         converted = self._converter.convert(chunk)
         try:
             events = await self._listener.accept_chunk(np.frombuffer(converted.audio, dtype="<i2").astype(np.int16))
@@ -83,7 +91,7 @@ class AsrStream:
             self._started = True
             await self._write(TranscriptStart(language=self.language).event())
         if text.startswith(self._sent) and len(text) > len(self._sent):
-            piece, self._sent = text[len(self._sent):], text
+            piece, self._sent = text[len(self._sent) :], text
             await self._write(TranscriptChunk(piece).event())
 
     async def close(self) -> None:
@@ -95,10 +103,10 @@ class AsrStream:
 def check_format(rate: Any, width: Any, channels: Any) -> None:
     """Refuse audio we cannot convert (JSON ``true`` is not a width)."""
     if type(rate) is not int or not 8000 <= rate <= 96000:
-        raise Refused(f"unsupported sample rate {rate!r:.40}; send 8000..96000 Hz (16000 is native)",
-                      "bad_audio_format")
+        raise Refused(
+            f"unsupported sample rate {rate!r:.40}; send 8000..96000 Hz (16000 is native)", "bad_audio_format"
+        )
     if type(width) is not int or width not in (1, 2, 4):
         raise Refused(f"unsupported sample width {width!r:.40} bytes; send 2 (16-bit PCM)", "bad_audio_format")
     if type(channels) is not int or channels not in (1, 2):
-        raise Refused(f"unsupported channel count {channels!r:.40}; send mono (1) or stereo (2)",
-                      "bad_audio_format")
+        raise Refused(f"unsupported channel count {channels!r:.40}; send mono (1) or stereo (2)", "bad_audio_format")

@@ -65,8 +65,9 @@ class Routed:
         if self.collector is not None:
             self.collector(event)
 
-    async def run(self, work: Callable[[Session], Awaitable[Any]],
-                  on_text: Callable[[str], Awaitable[None]] | None = None) -> tuple[Any, str | None]:
+    async def run(
+        self, work: Callable[[Session], Awaitable[Any]], on_text: Callable[[str], Awaitable[None]] | None = None
+    ) -> tuple[Any, str | None]:
         """Run ``work(session)`` (an ask or a say), handing reply text to ``on_text`` as it comes. Returns its
         result and the failure (None when it went through): a failed turn is never reported as a success."""
         collector = self.collector = Collector()
@@ -101,8 +102,13 @@ class ConversationsFull(Exception):
 class Conversations:
     """conversation id -> Routed session, for one Wyoming server; see the module docstring."""
 
-    def __init__(self, make: Callable[[Callable[[Any], None]], Session], limit: int, idle_s: float,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+    def __init__(
+        self,
+        make: Callable[[Callable[[Any], None]], Session],
+        limit: int,
+        idle_s: float,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._make, self.limit, self.idle_s, self._clock = make, limit, idle_s, clock
         self._kept: OrderedDict[str, Routed] = OrderedDict()  # least recently used first
 
@@ -139,8 +145,10 @@ class Conversations:
         while len(self._kept) >= self.limit:
             idle = next((k for k, r in self._kept.items() if not r.lock.locked()), None)
             if idle is None:
-                raise ConversationsFull(f"all {self.limit} conversations are answering a request "
-                                        "(wyoming.max_conversations); try again in a moment")
+                raise ConversationsFull(
+                    f"all {self.limit} conversations are answering a request "
+                    "(wyoming.max_conversations); try again in a moment"
+                )
             await self._drop(idle)
 
     async def _drop(self, key: str) -> None:

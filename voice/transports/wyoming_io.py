@@ -83,20 +83,26 @@ class EventReader:
         try:
             first = await asyncio.wait_for(self._reader.readexactly(1), timeout=self.idle_s)
         except TimeoutError:
-            raise ProtocolProblem(f"idle for {self.idle_s:g} s; closing (server.idle_timeout_s)",
-                                  "idle_timeout") from None
+            raise ProtocolProblem(
+                f"idle for {self.idle_s:g} s; closing (server.idle_timeout_s)", "idle_timeout"
+            ) from None
         except asyncio.IncompleteReadError:
             return None
         try:
             async with asyncio.timeout(self.read_s):
                 return await self._rest(first)
         except TimeoutError:
-            raise ProtocolProblem(f"an event took more than {self.read_s:g} s to arrive; closing "
-                                  "(wyoming.read_timeout_s): send each event's header, data and payload at once",
-                                  "read_timeout") from None
+            raise ProtocolProblem(
+                f"an event took more than {self.read_s:g} s to arrive; closing "
+                "(wyoming.read_timeout_s): send each event's header, data and payload at once",
+                "read_timeout",
+            ) from None
         except asyncio.IncompleteReadError:  # the client closed (its side) inside an event: it may still read
-            raise ProtocolProblem("the connection ended in the middle of an event (fewer bytes than the header's "
-                                  "lengths promised); closing", "incomplete_event") from None
+            raise ProtocolProblem(
+                "the connection ended in the middle of an event (fewer bytes than the header's "
+                "lengths promised); closing",
+                "incomplete_event",
+            ) from None
 
     async def _rest(self, first: bytes) -> Event:
         line = first if first == b"\n" else first + await self._readline()
@@ -109,14 +115,18 @@ class EventReader:
         data_length = _length(header, "data_length")
         payload_length = _length(header, "payload_length")
         if data_length + payload_length > self.limit:
-            raise ProtocolProblem(f"event of {data_length + payload_length} bytes exceeds the {self.limit}-byte "
-                                  "limit (server.max_message_bytes); send smaller audio chunks", "message_too_big")
+            raise ProtocolProblem(
+                f"event of {data_length + payload_length} bytes exceeds the {self.limit}-byte "
+                "limit (server.max_message_bytes); send smaller audio chunks",
+                "message_too_big",
+            )
         data = header.get("data")
         if data is None:
             data = {}
         if not isinstance(data, dict):
-            raise ProtocolProblem(f'"data" in the header of {kind!r} must be an object, not {type(data).__name__}',
-                                  "bad_header")
+            raise ProtocolProblem(
+                f'"data" in the header of {kind!r} must be an object, not {type(data).__name__}', "bad_header"
+            )
         if data_length:
             data.update(_json_object(await self._reader.readexactly(data_length), f"data of {kind!r}"))
         payload = await self._reader.readexactly(payload_length) if payload_length else None

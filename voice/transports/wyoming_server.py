@@ -29,7 +29,7 @@ class WyomingServer:
     @property
     def port(self) -> int:
         assert self._tcp is not None and self._tcp._server is not None
-        return int(self._tcp._server.sockets[0].getsockname()[1])
+        return int(self._tcp._server.sockets[0].getsockname()[1])  # type: ignore[attr-defined]  # an asyncio.Server
 
     async def start(self) -> None:
         w = self.config.wyoming
@@ -41,14 +41,17 @@ class WyomingServer:
     async def _announce(self) -> None:
         host = self.config.wyoming.host
         if is_loopback(host):
-            raise ConfigError("wyoming.zeroconf = true announces the server on the network, but wyoming.host is "
-                              f"{host!r}; fix: bind wyoming.host to the LAN address (and set allowed_clients)")
+            raise ConfigError(
+                "wyoming.zeroconf = true announces the server on the network, but wyoming.host is "
+                f"{host!r}; fix: bind wyoming.host to the LAN address (and set allowed_clients)"
+            )
         try:
             from wyoming.zeroconf import HomeAssistantZeroconf
         except ImportError:
             raise ConfigError("wyoming.zeroconf = true needs the zeroconf package; fix: pip install zeroconf") from None
-        self._zeroconf = HomeAssistantZeroconf(port=self.port, name="specvoice",
-                                               host=None if host in ("0.0.0.0", "::") else host)
+        self._zeroconf = HomeAssistantZeroconf(
+            port=self.port, name="specvoice", host=None if host in ("0.0.0.0", "::") else host
+        )
         await self._zeroconf.register_server()
 
     async def stop(self, grace: float) -> None:

@@ -13,7 +13,7 @@ from importlib import resources
 
 CONTENT_TYPES = {
     ".html": "text/html; charset=utf-8",
-    ".js": "text/javascript; charset=utf-8",   # module scripts and worklets are refused under any other type
+    ".js": "text/javascript; charset=utf-8",  # module scripts and worklets are refused under any other type
     ".css": "text/css; charset=utf-8",
     ".svg": "image/svg+xml",
     ".png": "image/png",
@@ -32,8 +32,11 @@ class PageFile:
 
 def page_names() -> set[str]:
     """The file names the page is made of (what may be served)."""
-    return {f.name for f in resources.files(__package__).iterdir()
-            if f.is_file() and any(f.name.endswith(ext) for ext in CONTENT_TYPES)}
+    return {
+        f.name
+        for f in resources.files(__package__).iterdir()
+        if f.is_file() and any(f.name.endswith(ext) for ext in CONTENT_TYPES)
+    }
 
 
 def page_file(path: str, host: str | None = None) -> PageFile | None:
@@ -46,10 +49,17 @@ def page_file(path: str, host: str | None = None) -> PageFile | None:
     if "/" in name or name not in page_names():
         return None
     body = resources.files(__package__).joinpath(name).read_bytes()
-    content_type = CONTENT_TYPES[name[name.rindex("."):]]
-    return PageFile(body, [("Content-Type", content_type), ("Content-Security-Policy", content_security_policy(host)),
-                           ("X-Content-Type-Options", "nosniff"), ("Referrer-Policy", "no-referrer"),
-                           ("Cache-Control", "no-cache")])
+    content_type = CONTENT_TYPES[name[name.rindex(".") :]]
+    return PageFile(
+        body,
+        [
+            ("Content-Type", content_type),
+            ("Content-Security-Policy", content_security_policy(host)),
+            ("X-Content-Type-Options", "nosniff"),
+            ("Referrer-Policy", "no-referrer"),
+            ("Cache-Control", "no-cache"),
+        ],
+    )
 
 
 def content_security_policy(host: str | None) -> str:
@@ -57,5 +67,7 @@ def content_security_policy(host: str | None) -> str:
     connect = "'self'"
     if host and _HOST.match(host):
         connect += f" ws://{host} wss://{host}"
-    return ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; media-src 'self'; "
-            f"connect-src {connect}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+    return (
+        "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; media-src 'self'; "
+        f"connect-src {connect}; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+    )

@@ -1,0 +1,164 @@
+"""The semantic end of turn through the real Listener, on real speech (piper), the real silero VAD, the real
+Smart Turn model and real Whisper tiny.en: a complete question ends after a short silence and its final
+transcript costs no Whisper pass; a request with a pause in the middle is not ended at the pause (whether the
+model or the pause's transcript says so); a user who pauses where the model hears "not finished" gets an
+early-reply cue; the VAD-only rule when configured or when the model is missing.
+
+Every test here plays the audio in lockstep (``Listener.settle`` after each 20 ms block: each Whisper pass and
+Smart Turn call answers before the next block, as on an infinitely fast machine), so what is decided depends
+on the audio alone, not on how busy the machine is. No timings are asserted except on the audio's own clock.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import numpy as np
+import pytest
+
+from audio.frames import SPEECH_RATE
+from voice.endpointing import TurnModel
+from voice.events import PauseHeard, SpeechResumed, SpeechStarted
+from voice.listener import Listener, UtteranceEnded
+from voice.models import resolve
+from voice.speechset import Voice, normalize_words, wer
+from voice.stt import SpeechToText
+
+JOE = Voice("piper-joe", "piper")
+BLOCK = SPEECH_RATE // 50  # 20 ms
+T0 = 1000.0  # audio clock of the first sample
+
+
+@pytest.fixture(scope="module")
+def stt(small_config):
+    return SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt)
+
+
+@pytest.fixture(scope="module")
+def turn_model(small_config):
+    model = TurnModel.load(small_config)
+    assert model is not None, "the Smart Turn model is provisioned (specvoice models prepare)"
+    return model
+
+
+def silence(seconds: float) -> np.ndarray:
+    return np.zeros(int(seconds * SPEECH_RATE), np.int16)
+
+
+def request(*pieces: str, pause_s: float = 0.6, tail_s: float = 1.6) -> np.ndarray:
+    """The pieces in piper's voice with ``pause_s`` between them, 0.5 s before and ``tail_s`` after."""
+    chunks = [silence(0.5)]
+    for i, text in enumerate(pieces):
+        chunks += [JOE.speak(text), silence(pause_s if i < len(pieces) - 1 else tail_s)]
+    return np.concatenate(chunks)
+
+
+async def play(listener: Listener, audio: np.ndarray) -> tuple[list, list[dict]]:
+    """Push ``audio`` in 20 ms blocks in lockstep; returns every event and, per ended utterance, its final
+    transcript, how it ended, and whether the final needed a Whisper pass of its own."""
+    events, ended = [], []
+    for i in range(0, len(audio), BLOCK):
+        for event in await listener.accept_chunk(audio[i : i + BLOCK], T0 + i / SPEECH_RATE):
+            events.append(event)
+            if isinstance(event, UtteranceEnded):
+                u = event.utterance
+                passes = listener.stt.passes
+                text = await u.final()
+                ended.append(
+                    {
+                        "text": text,
+                        "reason": u.reason,
+                        "wait_s": u.endpoint - u.speech_end,
+                        "speech_end": u.speech_end - T0,
+                        "final_passes": listener.stt.passes - passes,
+                        "probability": u.probability,
+                    }
+                )
+        await listener.settle()
+    return events, ended
+
+
+def words(text: str) -> list[str]:
+    return normalize_words(text.replace("...", " "))
+
+
+async def test_a_complete_question_ends_after_a_short_silence_with_its_final_already_done(
+    small_config, stt, turn_model
+):
+    listener = Listener.from_config(small_config, stt, turn_model=turn_model)
+    assert listener.end_of_turn == "smart"
+    events, ended = await play(listener, request("What is the weather like in Paris?"))
+    assert len(ended) == 1, ended
+    turn = ended[0]
+    assert turn["reason"] == "complete" and turn["probability"] >= small_config.turn.threshold
+    # asked after turn.min_silence_ms, answered at once: ended well before the VAD rule's 500 ms
+    assert small_config.turn.min_silence_ms / 1000 <= turn["wait_s"] < small_config.vad.end_silence_ms / 1000
+    assert words(turn["text"]) == words("What is the weather like in Paris?")
+    assert turn["final_passes"] == 0, "the pass at the pause was the final transcript"
+    assert not any(isinstance(e, PauseHeard) for e in events), "a complete verdict leaves nothing to start early"
+    await listener.close()
+
+
+@pytest.mark.parametrize(
+    "first, second, why",
+    [
+        ("What is the weather like in", "Paris?", "the model hears it unfinished"),
+        ("Switch off the", "lamp in the bedroom.", "the words before the pause trail off"),
+    ],
+)
+async def test_a_request_with_a_pause_inside_is_not_cut_at_the_pause(small_config, stt, turn_model, first, second, why):
+    listener = Listener.from_config(small_config, stt, turn_model=turn_model)
+    events, ended = await play(listener, request(first, second, pause_s=0.6))
+    assert len(ended) == 1, f"cut at the pause ({why}): {ended}"
+    assert wer(f"{first} {second}", ended[0]["text"]) <= 0.15, ended  # both halves in one transcript
+    assert sum(isinstance(e, SpeechStarted) for e in events) == 1
+    await listener.close()
+
+
+async def test_a_pause_the_model_calls_unfinished_cues_an_early_reply_and_the_user_going_on_drops_it(
+    small_config, stt, turn_model
+):
+    config = small_config.model_copy(deep=True)
+    config.turn.threshold = 0.999  # the model calls every pause unfinished: the turn waits for max_silence
+    listener = Listener.from_config(config, stt, turn_model=turn_model)
+    events, ended = await play(listener, request("What time is it?", "And what day is it?", pause_s=0.8))
+    kinds = [type(e) for e in events if isinstance(e, (PauseHeard, SpeechResumed, UtteranceEnded))]
+    assert kinds == [PauseHeard, SpeechResumed, PauseHeard, UtteranceEnded], kinds
+    cue = next(e for e in events if isinstance(e, PauseHeard))
+    assert words(cue.text) == words("What time is it?")
+    assert len(ended) == 1 and ended[0]["reason"] == "max_silence" and ended[0]["final_passes"] == 0
+    assert abs(ended[0]["wait_s"] - config.turn.max_silence_ms / 1000) < 0.05
+    assert words(ended[0]["text"]) == words("What time is it? And what day is it?")
+    await listener.close()
+
+
+async def test_the_vad_rule_when_configured_or_when_the_model_is_missing(small_config, stt, tmp_path, caplog):
+    config = small_config.model_copy(deep=True)
+    config.turn.engine = "vad"
+    listener = Listener.from_config(config, stt)
+    assert listener.end_of_turn == "vad"
+    _, ended = await play(listener, request("What time is it?"))
+    assert [t["reason"] for t in ended] == ["vad_silence"]
+    assert abs(ended[0]["wait_s"] - config.vad.end_silence_ms / 1000) < 0.05
+    await listener.close()
+
+    missing = small_config.model_copy(deep=True)
+    missing.models.turn = str(tmp_path / "no-such-model.onnx")
+    with caplog.at_level(logging.WARNING, logger="specvoice.endpointing"):
+        listener = Listener.from_config(missing, stt)
+    assert listener.end_of_turn == "vad"
+    assert "Smart Turn unavailable" in caplog.text
+    _, ended = await play(listener, request("What time is it?"))
+    assert [t["reason"] for t in ended] == ["vad_silence"]
+    await listener.close()
+
+
+async def test_speech_right_after_the_end_of_a_turn_opens_the_next_one(small_config, stt, turn_model):
+    """The semantic end resets the VAD: a user who starts again 0.3 s after a turn ended is heard at once."""
+    listener = Listener.from_config(small_config, stt, turn_model=turn_model)
+    audio = np.concatenate([request("What time is it?", tail_s=0.55), request("Turn on the kitchen lights.")[8000:]])
+    events, ended = await play(listener, audio)
+    assert [t["reason"] for t in ended] == ["complete", "complete"], ended
+    assert [words(t["text"]) for t in ended] == [words("What time is it?"), words("Turn on the kitchen lights.")]
+    assert sum(isinstance(e, SpeechStarted) for e in events) == 2
+    await listener.close()

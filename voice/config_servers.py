@@ -1,0 +1,184 @@
+"""The servers' config sections: websocket ([server]), Wyoming ([wyoming]) and the MQTT bridge ([mqtt]).
+
+Kept apart from voice/config.py (the models, audio and turn-taking sections, loading and overrides) so that each
+file stays readable; ``voice.config`` re-exports these classes.
+"""
+
+from __future__ import annotations
+
+import re
+import socket
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+
+class Section(BaseModel):
+    """The base of every config section (here and in voice/config.py): unknown keys are errors, assignments are
+    validated."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+_Section = Section
+
+
+class ServerConfig(_Section):
+    host: str = "127.0.0.1"
+    port: int = Field(8765, ge=0, le=65535)
+    token: str | None = None
+    max_message_bytes: int = Field(1 << 20, ge=1024)
+    max_turn_audio_s: float = Field(60.0, gt=0)
+    max_sessions: int = Field(16, ge=1)
+    idle_timeout_s: float = Field(300.0, gt=0)
+    metrics_port: int | None = Field(None, ge=0, le=65535, description="extra /metrics listener on 127.0.0.1")
+    shutdown_grace_s: float = Field(10.0, ge=0, description="on SIGTERM, turns in progress get this long to finish")
+    allowed_origins: list[str] = Field(
+        default_factory=list,
+        description="browser origins (scheme://host[:port]) that may open the websocket "
+        "besides the server's own page, e.g. ['https://home.example.com']",
+    )
+    max_text_chars: int = Field(
+        16384,
+        ge=256,
+        le=1 << 20,
+        description="longest text in one websocket field (a message, instructions, a tool's output)",
+    )
+    max_items: int = Field(512, ge=16, description="conversation items a websocket session keeps (oldest dropped)")
+
+    @model_validator(mode="after")
+    def _origins(self) -> ServerConfig:
+        for origin in self.allowed_origins:
+            scheme, sep, rest = origin.partition("://")
+            if scheme not in ("http", "https") or not sep or not rest or "/" in rest or origin != origin.strip():
+                raise ValueError(
+                    f"server.allowed_origins: {origin!r} is not an origin; fix: write it as a browser "
+                    "sends it, scheme://host[:port] with no path, e.g. 'https://home.example.com'"
+                )
+        return self
+
+
+class WyomingConfig(_Section):
+    enabled: bool = True
+    host: str = "127.0.0.1"
+    port: int = Field(10300, ge=0, le=65535)
+    zeroconf: bool = False
+    allowed_clients: list[str] = Field(
+        default_factory=list,
+        description="IPs/networks allowed to connect; required when host is not loopback "
+        "(Wyoming has no tokens), e.g. ['192.168.1.0/24']",
+    )
+    read_timeout_s: float = Field(
+        2.0,
+        gt=0,
+        description="an event must arrive whole (header, data, payload) "
+        "within this long after its first byte; a LAN sends one in milliseconds",
+    )
+    write_timeout_s: float = Field(10.0, gt=0, description="a client that reads nothing for this long is dropped")
+    max_conversations: int = Field(
+        16,
+        ge=1,
+        description="handle service: conversation ids remembered at once (least recently used forgotten first)",
+    )
+    conversation_idle_s: float = Field(
+        300.0, gt=0, description="handle service: a conversation id is forgotten this long after its last turn"
+    )
+
+
+def host_name() -> str:
+    """This machine's short name, usable in an MQTT client id and a Home Assistant node id: two devices on one
+    broker must not share either (a shared client id makes the broker disconnect one for the other)."""
+    name = re.sub(r"[^a-z0-9_-]+", "-", socket.gethostname().split(".")[0].lower()).strip("-_")
+    return name[:40] or "host"
+
+
+_IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)
+    "node_id": (
+        re.compile(r"[A-Za-z0-9_-]{1,64}"),
+        "a valid Home Assistant node id",
+        "letters, digits, '_' or '-'",
+        "this host's name",
+    ),
+    "client_id": (
+        re.compile(r"[A-Za-z0-9_.:-]{1,64}"),
+        "a usable MQTT client id",
+        "letters, digits, '_', '-', '.' or ':'",
+        "specvoice-<host name>",
+    ),
+}
+
+
+class MQTTConfig(_Section):
+    enabled: bool = False
+    host: str = "127.0.0.1"
+    port: int = Field(1883, ge=0, le=65535)
+    username: str | None = None
+    password: str | None = Field(None, description="better a systemd credential (LoadCredential=mqtt.password)")
+    tls: bool = False
+    ca_file: str | None = None
+    client_id: str = Field(
+        default_factory=lambda: f"specvoice-{host_name()}",
+        description="unique per device; default: specvoice-<host name>",
+    )
+    prefix: str = "specvoice"
+    discovery_prefix: str = "homeassistant"
+    node_id: str = Field(default_factory=host_name, description="Home Assistant node id; default: the host name")
+    allowed_actions: dict[str, list[str]] = Field(
+        default_factory=dict, description="topic -> allowed payloads, e.g. {'home/kitchen/light/set' = ['ON','OFF']}"
+    )
+    events: dict[str, str] = Field(
+        default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
+    )
+    cert_file: str | None = Field(None, description="TLS client certificate (PEM), when the broker asks for one")
+    key_file: str | None = Field(None, description="TLS client key (PEM) for cert_file")
+    keepalive_s: int = Field(30, ge=5, le=3600)
+    reconnect_min_s: float = Field(1.0, gt=0, description="first wait before reconnecting; doubles up to the max")
+    reconnect_max_s: float = Field(60.0, gt=0)
+    discovery: bool = Field(True, description="publish Home Assistant discovery configs")
+    publish_turns: Literal["local", "all", "none"] = Field(
+        "local",
+        description="whose state, transcripts and replies are published: 'local' = MQTT-originated and "
+        "the local device's turns, 'all' = every transport's (websocket and Wyoming too)",
+    )
+    retain_results: bool = Field(False, description="retain transcript and reply (anyone who subscribes reads them)")
+    max_queued_commands: int = Field(8, ge=1, le=1000, description="say/ask/events waiting; more are refused")
+    max_conversations: int = Field(8, ge=1, le=256, description="ask conversations kept (by conversation_id)")
+    conversation_idle_s: float = Field(900.0, gt=0, description="an ask conversation idle this long starts afresh")
+    max_packet_bytes: int = Field(
+        256 * 1024, ge=1024, le=268_435_455, description="the broker's maximum packet size; bigger messages are skipped"
+    )
+
+    @field_validator("node_id", "client_id")
+    @classmethod
+    def _identifier(cls, value: str, info: Any) -> str:
+        pattern, what, allowed, default = _IDENTIFIERS[info.field_name]
+        if not pattern.fullmatch(value):
+            raise ValueError(
+                f"{value!r} is not {what}; fix: use 1-64 {allowed}, unique per device (default: {default})"
+            )
+        return value
+
+    @field_validator("prefix", "discovery_prefix")
+    @classmethod
+    def _topic_prefix(cls, value: str) -> str:
+        if not value.strip("/") or any(c in value for c in "+#\0") or value != value.strip().strip("/"):
+            raise ValueError(
+                f"topic prefix {value!r} is not usable; fix: a topic without wildcards (+ #) or "
+                "leading/trailing '/', e.g. 'specvoice' or 'home/kitchen/voice'"
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _usable(self) -> MQTTConfig:
+        from voice.actions import check_allowed  # late: actions imports events only, but keep config light
+
+        check_allowed(self.allowed_actions)
+        for topic, template in self.events.items():
+            if not topic.strip() or not template.strip():
+                raise ValueError(
+                    f"mqtt.events[{topic!r}] needs a topic and a sentence; fix: e.g. "
+                    "'home/doorbell' = '{name} is at the door'"
+                )
+        if self.key_file and not self.cert_file:
+            raise ValueError("mqtt.key_file is set without mqtt.cert_file; fix: set both, or neither")
+        return self

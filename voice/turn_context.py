@@ -1,0 +1,110 @@
+"""What every turn of a session works with (``TurnContext``), and a reply started before the turn ended
+(``EarlyReply``): the session builds them, a ``Turn`` (voice/turn.py) uses them."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from voice.chunker import Chunker
+from voice.config import TTSConfig
+from voice.events import Event, State
+from voice.latency import LatencyStats
+
+
+@dataclass
+class TurnContext:
+    """What every turn of one session speaks with; built once by the session."""
+
+    conversation: Any  # llm.engine.Conversation
+    decode: Any  # llm.engine.DecodeSettings
+    tts: Any  # voice.tts.TextToSpeech
+    tts_config: TTSConfig
+    sink: Any  # audio.sinks.AudioSink, or None: the audio goes nowhere but in ReplyAudio events
+    emit: Callable[[Event], None]
+    set_state: Callable[[State], None]
+    generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
+    stats: LatencyStats
+    turn_timeout_s: float
+    stt_timeout_s: float
+    allowed_actions: dict[str, list[str]]
+    session_id: str = ""
+
+    def chunker(self) -> Chunker:
+        return Chunker.from_config(self.tts_config)
+
+
+Pieces = AsyncGenerator[Any, None]  # of llm Emission (.text, .t) or plain str
+
+
+class EarlyReply:
+    """A reply generated from the pause transcript before the end of the turn is decided. Its emissions wait in
+    a queue until a turn adopts it; until then nothing is spoken or sent, and a reply that is dropped leaves the
+    conversation as if it never ran (it is never committed)."""
+
+    def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
+        self.ctx, self.text = ctx, text
+        self._on_adopt = on_adopt
+        self._adopted = False
+        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
+        self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
+        self._task = asyncio.create_task(self._generate(), name="early reply")
+
+    @property
+    def alive(self) -> bool:
+        return not self._task.cancelled()
+
+    async def _generate(self) -> None:
+        ctx = self.ctx
+        await ctx.generation_lock.acquire()
+        try:
+            stream = ctx.conversation.reply(self.text, ctx.decode, commit=False)
+            try:
+                async for emission in stream:
+                    self._queue.put_nowait(emission)
+                    self._output.set()
+            finally:
+                await stream.aclose()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaces in the turn that adopts this reply
+            self._queue.put_nowait(exc)
+        finally:
+            ctx.generation_lock.release()
+            self._queue.put_nowait(None)
+            self._output.set()
+
+    async def first_output(self) -> None:
+        """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
+        output = asyncio.ensure_future(self._output.wait())
+        await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        output.cancel()
+
+    async def discard(self) -> None:
+        """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
+        if not self._task.done():
+            self._task.cancel()
+        await asyncio.gather(self._task, return_exceptions=True)
+        if not self._adopted and self.ctx.conversation.uncommitted:
+            self.ctx.conversation.discard()
+
+    def adopt(self) -> Pieces:
+        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
+        early (barge-in) stops the generation; the turn then commits what was heard, like any reply."""
+        self._adopted = True
+        if self._on_adopt is not None:
+            self._on_adopt()
+        return self._pieces()
+
+    async def _pieces(self) -> Pieces:
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            if not self._task.done():
+                self._task.cancel()
+                await asyncio.gather(self._task, return_exceptions=True)
