@@ -123,10 +123,16 @@ async def test_a_pause_the_model_calls_unfinished_cues_an_early_reply_and_the_us
     listener = Listener.from_config(config, stt, turn_model=turn_model)
     events, ended = await play(listener, request("What time is it?", "And what day is it?", pause_s=0.8))
     kinds = [type(e) for e in events if isinstance(e, (PauseHeard, SpeechResumed, UtteranceEnded))]
-    assert kinds == [PauseHeard, SpeechResumed, PauseHeard, UtteranceEnded], kinds
+    # the final pause gets its own cue too, unless the CPU is so slow that passes back off (seen in a fresh CI
+    # run): then the final needs one pass of its own
+    assert kinds in (
+        [PauseHeard, SpeechResumed, PauseHeard, UtteranceEnded],
+        [PauseHeard, SpeechResumed, UtteranceEnded],
+    ), kinds
     cue = next(e for e in events if isinstance(e, PauseHeard))
     assert words(cue.text) == words("What time is it?")
-    assert len(ended) == 1 and ended[0]["reason"] == "max_silence" and ended[0]["final_passes"] == 0
+    assert len(ended) == 1 and ended[0]["reason"] == "max_silence"
+    assert ended[0]["final_passes"] == (0 if kinds.count(PauseHeard) == 2 else 1), (kinds, ended)
     assert abs(ended[0]["wait_s"] - config.turn.max_silence_ms / 1000) < 0.05
     assert words(ended[0]["text"]) == words("What time is it? And what day is it?")
     await listener.close()
