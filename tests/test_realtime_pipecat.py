@@ -19,15 +19,6 @@ from typing import Any
 
 import numpy as np
 import pytest
-
-from voice.assistant import Assistant
-from voice.speechset import espeak_utterance, wer
-
-from broker import free_port
-from serving import serving
-
-pipecat = pytest.importorskip("pipecat")
-
 from pipecat.frames.frames import (  # noqa: E402
     EndFrame,
     Frame,
@@ -44,6 +35,12 @@ from pipecat.processors.aggregators.llm_response_universal import LLMContextAggr
 from pipecat.processors.frame_processor import FrameDirection, FrameProcessor  # noqa: E402
 from pipecat.services.openai.realtime import events as pipecat_events  # noqa: E402
 from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noqa: E402
+
+from voice.assistant import Assistant
+from voice.speechset import espeak_utterance, wer
+
+from broker import free_port
+from serving import serving
 
 WIRE = 24000
 TOKEN = "pipecat-test-token"

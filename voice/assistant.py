@@ -82,17 +82,7 @@ class Assistant:
         if engine is None:
             target = resolve(m.target, "llm", m.cache_dir).location
             draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
-            engine = Engine.load(
-                target,
-                draft,
-                device=llm.device,
-                dtype=llm.dtype,
-                mode=llm.mode,
-                draft_quantize=llm.draft_quantize,
-                draft_vocab=llm.draft_vocab,
-                threads=llm.threads,
-                context_limit=llm.context_limit,
-            )
+            engine = Engine.from_config(target, draft, llm.model_dump())  # every llm key, one mapping
         workers = {
             kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
             for kind in ("stt", "tts", "turn")
