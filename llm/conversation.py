@@ -10,7 +10,16 @@
   to first token went from 0.3 s to 6-8 s after ~36 turns). Instead, once over budget, the oldest exchanges
   go in one block, down to ``trim_to`` of the budget: the kept prefix is then stable for many turns, and the
   prefill after a trim is bounded by that fraction. ``warm`` trims ahead of time when the next turn would
-  cross the budget, and prefills the trimmed history while nobody waits (call it after each reply).
+  cross the budget, and prefills the trimmed history while nobody waits. Call it when a reply's last token is
+  out (the exchange is not committed yet, but the history before it is: a voice reply's audio is still
+  playing, so the prefill after a trim costs the user nothing) and again after the commit.
+- A trim still means one prefill of everything kept (trim_to of the budget: seconds on a CPU), more than one
+  pause between turns may hold. So it is prepared over several: once the history is within PLAN_AHEAD
+  exchanges of the budget, the trim's cut is planned (the same oldest exchanges a trim would drop then), and
+  each warm-up prefills a second pair of caches (the shadow) with what will be kept, a chunk at a time. When
+  the trim comes it cuts at the planned point, and whichever caches share more of the prompt are used: the
+  turn after a trim prefills only the exchanges since the plan. Exact either way: a cache only ever holds
+  the tokens of the prompt it serves.
 """
 
 from __future__ import annotations
@@ -51,6 +60,8 @@ class Engine(Protocol):
 
 log = logging.getLogger("specvoice.llm")
 
+PLAN_AHEAD = 4  # exchanges before the budget is reached when the next trim's cut is planned (module docstring)
+
 
 class Conversation(ChatHistory):
     """One chat with its own KV caches (target and draft), kept across turns."""
@@ -63,9 +74,16 @@ class Conversation(ChatHistory):
         self.history_tokens, self.trim_to = history_tokens, trim_to
         self._target, self._draft = engine.new_caches()
         self._pending_reply = ""  # ... and what it streamed, until commit() or discard()
-        self._pending_before = 0  # ... and the prompt length before it (to learn the exchange's size)
+        self._pending_before: int | None = 0  # ... the prompt length before it (None: a trim came between)
+        self._pending_new = 0  # ... and how many of the pending messages are new (the user's, if any)
         self._exchange_tokens: list[int] = []  # prompt tokens each recent exchange added (to trim ahead)
         self.trims = 0  # how many times old exchanges were dropped (for tests and the soak benchmark)
+        # the next trim, planned ahead: the first message it keeps after the system prompt, the prompt prefix
+        # that will then be kept, and the caches (target, draft) being prefilled with it while nobody waits
+        self._cut_at: dict[str, Any] | None = None
+        self._cut_prefix: list[int] = []
+        self._shadow: tuple[CachedLM, CachedLM | None] | None = None
+        self.warm_tokens = 0  # prompt tokens the warm-ups fed the target (in the background; tests, benchmarks)
         self.last_stats: DecodeStats | None = None
         # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
         # the template shows them to the model, which answers with a call in its own syntax (voice/toolcalls.py)
@@ -90,20 +108,32 @@ class Conversation(ChatHistory):
     def _trim(self, messages: list[dict[str, Any]], limit: int, keep: int) -> tuple[list[dict[str, Any]], list[int]]:
         """The messages to keep and their prompt. Under ``limit`` tokens nothing changes; over it, the oldest
         exchanges are dropped (never the system prompt or the newest ``keep`` messages) down to trim_to of the
-        budget, so that the kept prefix stays stable for the next turns."""
+        budget, so that the kept prefix stays stable for the next turns. Pure: the caller applies and counts."""
         messages = list(messages)
         prompt = self.prompt_ids(messages)
         if len(prompt) <= limit:
             return messages, prompt
-        low = int(self.history_tokens * self.trim_to)
         first = 1 if messages and messages[0]["role"] == "system" else 0
-        dropped = False
-        while len(prompt) > min(low, limit) and len(messages) - first > keep:
+        at = next((i for i, m in enumerate(messages) if m is self._cut_at), None)
+        if at is not None and at > first and len(messages) - at >= keep:  # the planned cut, if it makes room
+            planned = messages[:first] + messages[at:]
+            prompt = self.prompt_ids(planned)
+            if len(prompt) <= limit:
+                return planned, prompt
+        return self._drop_oldest(messages, min(int(self.history_tokens * self.trim_to), limit), keep)
+
+    def _drop_oldest(
+        self, messages: list[dict[str, Any]], goal: int, keep: int
+    ) -> tuple[list[dict[str, Any]], list[int]]:
+        """Drop the oldest exchanges (never the system prompt or the newest ``keep`` messages) until the prompt
+        is at most ``goal`` tokens."""
+        messages = list(messages)
+        prompt = self.prompt_ids(messages)
+        first = 1 if messages and messages[0]["role"] == "system" else 0
+        while len(prompt) > goal and len(messages) - first > keep:
             drop = 2 if len(messages) - first > keep + 1 else 1
             del messages[first : first + drop]
             prompt = self.prompt_ids(messages)
-            dropped = True
-        self.trims += dropped
         return messages, prompt
 
     async def reply(
@@ -125,20 +155,21 @@ class Conversation(ChatHistory):
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return  # defined result: no reply, and the conversation is left as it was
-        trims = self.trims
         new = [{"role": "user", "content": user_text}] if user_text is not None else []
         self._busy = True
         try:  # tokenizing a long history takes a while: on the engine's thread, never on the event loop
             before_len, (kept, prompt) = await self.engine.run(self._prepare, new)
             limit = self.engine.check_prompt(prompt, settings)  # before anything changes: a refusal leaves no trace
         except BaseException:
-            self.trims, self._busy = trims, False
+            self._busy = False
             raise
+        trimmed = len(kept) < len(self.messages) + len(new)
         if commit:
             self._before_turn = list(self.messages)
             self.messages[:] = kept
         else:
-            self._pending, self._pending_reply, self._pending_before = kept, "", before_len
+            self._pending, self._pending_reply, self._pending_new = kept, "", len(new)
+            self._pending_before = None if trimmed else before_len
         text = ""
         streamed = False
         # with tools, a call's tags are special tokens (Qwen2.5: <tool_call>) that must reach the caller's parser;
@@ -147,6 +178,8 @@ class Conversation(ChatHistory):
         try:
             start = time.monotonic()
             gen, reused = await self.engine.run(self._start, prompt, settings.but(max_new_tokens=limit))
+            if trimmed:
+                self._drop_plan()  # the trim happened here (no warm-up came between): the shadow was taken, or is stale
             tokens: list[int] = []
             pending: list[int] = []
             while not gen.done:
@@ -170,16 +203,14 @@ class Conversation(ChatHistory):
         finally:
             # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed;
             # nothing streamed yet (cancelled or failed during the prefill): the turn never happened
-            if not commit:
-                if not streamed:
-                    self.trims = trims
-            elif streamed:
+            if streamed:
+                self.trims += trimmed
+            if commit and streamed:
                 self.messages.append({"role": "assistant", "content": text})
-                self._note_exchange(before_len if self.trims == trims else None)
-            else:
+                self._note_exchange(None if trimmed else before_len)
+            elif commit:
                 self.messages[:] = self._before_turn or []
                 self._before_turn = None
-                self.trims = trims
             self._busy = False
 
     def _prepare(self, new: list[dict[str, Any]]) -> tuple[int, tuple[list[dict[str, Any]], list[int]]]:
@@ -187,9 +218,9 @@ class Conversation(ChatHistory):
         return len(self.prompt_ids()), self._trim(self.messages + new, self.history_tokens, 1)
 
     def commit(self, heard_text: str) -> None:
-        pending_reply, before = self._pending_reply, self._pending_before
+        before = self._pending_before
         super().commit(heard_text)
-        self._note_exchange(before if heard_text == pending_reply else None)
+        self._note_exchange(before)  # what was heard may be less than the reply: a fine estimate all the same
         self._pending_reply = ""
 
     def _note_exchange(self, before_len: int | None) -> None:
@@ -200,37 +231,107 @@ class Conversation(ChatHistory):
         """Prefill both caches with what every next prompt starts with (system prompt and history, up to the
         next user message), so the next turn's time to first token pays only for the user's words. If the next
         turn would cross the history budget, trim now (see the module docstring), so the prefill after the trim
-        happens here, while nobody waits. Runs in chunks and stops when a reply starts. Returns the number of
+        happens here, while nobody waits. Between a reply's end and its commit, the history before that exchange
+        is what gets trimmed and prefilled. Runs in chunks and stops when a reply starts. Returns the number of
         tokens now cached. Safe to skip: it only moves work earlier. ``user_start``: the words of the next user
         message already known (committed while the user still speaks): the open user turn is prefilled up to
         them, so the reply after the end of the turn prefills only the rest."""
         if self._busy:
             return 0
-        margin = max(self._exchange_tokens, default=64)
-        if len(self.messages) > 2:
-            kept, _ = self._trim(self.messages, self.history_tokens - margin, 2)
-            self.messages[:] = kept
-        one = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} a".lstrip()}])
-        two = self.prompt_ids(self.messages + [{"role": "user", "content": f"{user_start} b c".lstrip()}])
-        prefix = one[: common_prefix(one, two)]
+        pending = self._pending is not None
+        messages = list(self._pending if self._pending is not None else self.messages)
+        plan = await self.engine.run(self._plan_warm, messages, self._pending_new if pending else 0, user_start)
+        now = self._pending if self._pending is not None else self.messages
+        if self._busy or (self._pending is not None) != pending or now != messages:
+            return 0  # a reply started, or the history changed, while the plan was made: it is stale
+        kept, prefix, cut = plan
+        trimmed = len(kept) < len(messages)
+        if trimmed:
+            now[:] = kept
+            self.trims += 1
+            self._pending_before = None  # the exchange's size can no longer be read from the prompt's
+        elif cut is not None and not any(m is self._cut_at for m in kept):
+            self._drop_plan()
+            self._cut_at, self._cut_prefix = cut
         if len(prefix) < 2:
             return 0
         chunk = self.engine.settings.prefill_chunk or len(prefix)
         while await self.engine.run(self._prefill_chunk, prefix, chunk):
             pass
-        return len(prefix) if common_prefix(self._target.ids, prefix) == len(prefix) else 0
+        if trimmed:
+            self._drop_plan()  # its caches were taken by the prefill (or were of no use)
+        cached = len(prefix) if common_prefix(self._target.ids, prefix) == len(prefix) else 0
+        while await self.engine.run(self._prefill_shadow_chunk, chunk):
+            pass
+        return cached
+
+    def _plan_warm(
+        self, messages: list[dict[str, Any]], current: int, user_start: str
+    ) -> tuple[list[dict[str, Any]], list[int], tuple[dict[str, Any], list[int]] | None]:
+        """warm's plan (on the engine's thread: tokenizing a long history takes a while): the messages to keep,
+        trimmed with a margin for the exchanges still to come (``current`` of them are the uncommitted user
+        message, whose reply also comes); the prompt prefix every next turn starts with; and, within
+        PLAN_AHEAD exchanges of the budget, the next trim's cut (its first kept message and kept prefix)."""
+        margin = max(self._exchange_tokens, default=64)
+        limit = self.history_tokens - margin * (2 if current else 1)
+        kept = messages
+        if len(messages) - current > 2:
+            kept, _ = self._trim(messages, limit, current + 2)
+        history = kept[: len(kept) - current]
+        prefix = self._open_prefix(history, user_start)
+        cut = None
+        first = 1 if history and history[0]["role"] == "system" else 0
+        if len(prefix) + PLAN_AHEAD * margin > limit and len(history) - first > 2:
+            # a trim when the prompt reaches the limit drops (limit - low) tokens of the oldest exchanges
+            goal = len(prefix) - (limit - int(self.history_tokens * self.trim_to))
+            future, _ = self._drop_oldest(history, goal, 2)
+            if len(future) < len(history):
+                cut = (future[first], self._open_prefix(future, ""))
+        return kept, prefix, cut
+
+    def _open_prefix(self, history: list[dict[str, Any]], user_start: str) -> list[int]:
+        """The prompt tokens every next turn after ``history`` starts with: up to the next user message's words
+        (``user_start`` of them when they are known)."""
+        one = self.prompt_ids(history + [{"role": "user", "content": f"{user_start} a".lstrip()}])
+        two = self.prompt_ids(history + [{"role": "user", "content": f"{user_start} b c".lstrip()}])
+        return one[: common_prefix(one, two)]
 
     def _prefill_chunk(self, prefix: list[int], chunk: int) -> bool:
         """One chunk of warm's prefill (target first, then the draft); False when done or a reply started."""
         if self._busy:
             return False
+        self._take_shadow(prefix)
         for lm in (self._target, self._draft):
             if lm is not None and common_prefix(lm.ids, prefix) < len(prefix):
-                lm.prefill(prefix, common_prefix(lm.ids, prefix) + chunk)
+                fed = lm.prefill(prefix, common_prefix(lm.ids, prefix) + chunk)
+                self.warm_tokens += fed if lm is self._target else 0
                 return True
         return False
 
+    def _prefill_shadow_chunk(self, chunk: int) -> bool:
+        """One chunk of the planned trim's prefill into the shadow caches; False when done or a reply started."""
+        if self._busy or not self._cut_prefix:
+            return False
+        if self._shadow is None:
+            self._shadow = self.engine.new_caches()
+        for lm in self._shadow:
+            if lm is not None and common_prefix(lm.ids, self._cut_prefix) < len(self._cut_prefix):
+                fed = lm.prefill(self._cut_prefix, common_prefix(lm.ids, self._cut_prefix) + chunk)
+                self.warm_tokens += fed if lm is self._shadow[0] else 0
+                return True
+        return False
+
+    def _take_shadow(self, ids: list[int]) -> None:
+        """After a trim, the shadow caches share more of the prompt than the live ones: use them."""
+        shadow = self._shadow
+        if shadow is not None and common_prefix(shadow[0].ids, ids) > common_prefix(self._target.ids, ids):
+            (self._target, self._draft), self._shadow = shadow, None
+
+    def _drop_plan(self) -> None:
+        self._cut_at, self._cut_prefix, self._shadow = None, [], None
+
     def _start(self, prompt: list[int], settings: DecodeSettings) -> tuple[Generation, int]:
+        self._take_shadow(prompt)
         reused = self._target.keep_prefix_of(prompt)
         if self._draft is not None:
             self._draft.keep_prefix_of(prompt)

@@ -149,6 +149,58 @@ async def test_warm_trims_ahead_so_the_next_turn_reuses_the_cache(engine):
     assert conv.trims >= 1
 
 
+async def test_warm_between_a_reply_and_its_commit_trims_the_history_before_it(engine):
+    """A voice turn commits its reply only once the audio has played; warm() in between (the session calls it at
+    the reply's last token) trims ahead and prefills the history before that exchange, so neither the commit nor
+    the next turn trims, the next turn prefills only its new words, and its reply is still the target's."""
+    conv = engine.conversation(SYSTEM, history_tokens=200)
+    settings = TARGET.but(max_new_tokens=16)
+    pending_trims = 0
+    for text in ["Name a fruit.", "Name a city.", "Name an animal.", "Name a colour.", "Name a tree.", "Name a river."]:
+        history, before = len(conv.messages), conv.trims
+        reply = "".join([e.text async for e in conv.reply(text, settings, commit=False)])
+        assert conv.trims == before  # replies never trim: the warm-ups made room while nobody waited
+        await conv.warm()
+        trimmed = conv.trims > before
+        pending_trims += trimmed
+        assert conv.uncommitted  # warm never commits
+        conv.commit(reply)
+        assert conv.messages[-2:] == [{"role": "user", "content": text}, {"role": "assistant", "content": reply}]
+        assert (len(conv.messages) < history + 2) == trimmed  # the commit keeps what warm trimmed
+        trims = conv.trims
+        got = await texts(conv, "And another one?", settings)
+        assert conv.trims == trims  # the room was made while nobody waited
+        assert conv.last_stats.prefill_tokens < 60  # the committed exchange and the new words: the cache survived
+        assert got == engine.tokenizer.decode(
+            target_alone(engine, conv.messages[:-1], settings), skip_special_tokens=True
+        )
+    assert pending_trims >= 1
+
+
+async def test_a_trim_is_prepared_over_earlier_warm_ups_and_stays_exact(engine):
+    """Near the budget the next trim's cut is planned and its kept history prefilled into shadow caches by the
+    warm-ups before it; the warm-up that trims then feeds only the exchanges since the plan, not all it keeps,
+    and every reply is still the target alone's on exactly the kept history."""
+    conv = engine.conversation(SYSTEM, history_tokens=600)
+    settings = TARGET.but(max_new_tokens=8)
+    trim_feeds = []
+    for i in range(40):
+        fed, trims = conv.warm_tokens, conv.trims
+        cached = await conv.warm()
+        if conv.trims > trims:
+            trim_feeds.append((conv.warm_tokens - fed, cached))
+        trims = conv.trims
+        got = await texts(conv, f"Name a city, number {i + 1}.", settings)
+        assert conv.trims == trims  # the warm-ups made room: no reply trims
+        if i % 8 == 7:
+            assert got == engine.tokenizer.decode(
+                target_alone(engine, conv.messages[:-1], settings), skip_special_tokens=True
+            )
+    assert trim_feeds, "the conversation never reached its budget"
+    for fed, cached in trim_feeds:
+        assert fed < cached / 2, trim_feeds  # most of what a trim keeps was prefilled by earlier warm-ups
+
+
 async def test_ngram_drafting_across_turns_and_after_a_trim_is_exact(engine):
     conv = engine.conversation(SYSTEM, history_tokens=160)
     name = "Zorblax Quintavious the Third"

@@ -452,3 +452,20 @@ async def test_wake_word_gates_turns(assistant, speech):
     assert rec.of(SpeechStarted)
     await session.cancel()
     await session.close()
+
+
+async def test_a_long_conversation_trims_its_history_between_turns_not_in_them(assistant):
+    """Between turns (at a reply's last token, and after its commit) the session trims the history ahead and
+    prefills it, so no turn pays for a trim: each prefills only its new words."""
+    session = assistant.session(name="long")
+    session.conversation.history_tokens = 300
+    try:
+        prefills = []
+        for i in range(8):
+            await session.warmed()
+            done = await session.ask(f"Name a country, number {i + 1}.", speak=False)
+            prefills.append(done.trace["decoder"]["prefill_tokens"])
+        assert session.conversation.trims >= 1
+        assert max(prefills[1:]) < 80, prefills  # the last exchange and the new words, never the whole history
+    finally:
+        await session.close()

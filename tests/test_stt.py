@@ -136,6 +136,22 @@ async def test_partials_and_finals_decode_with_their_own_beam(small_config):
     assert beams == [1, 3, 3]
 
 
+async def test_the_window_fits_the_audio_and_the_transcript_is_whisper_s_own(stt, small_config):
+    """stt.window_s = 0 encodes a window just longer than the audio instead of Whisper's padded 30 s (the encoder
+    is most of a pass); the words are the same as with the padded window."""
+    assert stt.settings.window_s == 0
+    assert [stt.window_s(int(16000 * s)) for s in (0.3, 2.9, 9.4, 9.6, 29.4, 45.0)] == [10, 10, 10, 11, 30, 30]
+    padded = SpeechToText(
+        resolve(small_config.models.stt, "stt"), STTConfig(**{**small_config.stt.model_dump(), "window_s": 30})
+    )
+    assert padded.window_s(16000) == 30
+    for sentence in SENTENCES:
+        audio = np.concatenate([piper(sentence), silence(300)]).astype(np.float32) / 32768.0
+        fitted, whole = stt.decode(audio), padded.decode(audio)
+        assert normalize_words(" ".join(w.text for w in fitted)) == normalize_words(" ".join(w.text for w in whole))
+        assert fitted and fitted[-1].end <= len(audio) / 16000 + 0.1  # word times stay within the audio
+
+
 async def test_no_new_audio_gives_no_partial(stt):
     stream = stt.stream()
     stream.add(espeak("Hello there."))

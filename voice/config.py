@@ -134,6 +134,13 @@ class STTConfig(_Section):
     beam_size: int = Field(1, ge=1, description="beam of every pass that can become the final transcript")
     partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
+    window_s: int = Field(
+        0,
+        ge=0,
+        le=30,
+        description="Whisper's input window in seconds: 0 fits it to the audio (the encoder's cost follows the "
+        "window, and most of a pass is the encoder); 30 is Whisper's own, padded window",
+    )
     threads: int = Field(2, ge=1)
     backend: Literal["local", "wyoming"] = Field(
         "local",

@@ -102,6 +102,7 @@ class Session:
             stt_timeout_s=cfg.dialog.stt_timeout_s,
             allowed_actions=allowed,
             session_id=self.id,
+            warm=self._warm_idle,
         )
         self._turn_ids = itertools.count(1)
         self._listen_trace: LatencyTrace | None = None
@@ -111,7 +112,9 @@ class Session:
         self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
         self._closed = False
         # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
-        self._warm = assistant.spawn(self.conversation.warm())
+        self._warm: asyncio.Task[Any] | None = None
+        self._rewarm = False
+        self._warm_idle()
 
     # ---- events and state -----------------------------------------------------------------------------------
 
@@ -212,6 +215,23 @@ class Session:
             return
         self._warm = self.assistant.spawn(self.conversation.warm(committed))
 
+    def _warm_idle(self) -> None:
+        """Prefill (and trim ahead) while nobody waits: at the start, when a reply's last token is out and when a
+        turn has committed. A call while a warm-up runs asks for one more pass after it (the history changed)."""
+        self._rewarm = True
+        if not self._closed and (self._warm is None or self._warm.done()):
+            self._warm = self.assistant.spawn(self._warm_passes())
+
+    async def warmed(self) -> None:
+        """Wait until the background prefill is done (benchmarks and tests: how long the idle work takes)."""
+        while self._warm is not None and not self._warm.done():
+            await asyncio.shield(self._warm)
+
+    async def _warm_passes(self) -> None:
+        while self._rewarm and not self._closed:
+            self._rewarm = False
+            await self.conversation.warm()
+
     def _start_early(self, text: str) -> None:
         """The user paused and the transcript covers all their speech: start the reply now, while the end of the
         turn is still being decided. Its tokens are held, not spoken, until the turn confirms the same words;
@@ -309,8 +329,8 @@ class Session:
             messages.insert(0, self._system)
         else:
             self._system["content"] = prompt
-        if not self.replying and (self._warm is None or self._warm.done()):
-            self._warm = self.assistant.spawn(self.conversation.warm())
+        if not self.replying:
+            self._warm_idle()
 
     def truncate(self, heard_ms: float) -> str | None:
         """The client says the listener heard only ``heard_ms`` of the last reply's audio

@@ -7,12 +7,16 @@ utterances are trimmed at committed sentence ends so each pass stays short. At e
 re-decodes only the audio after the trim point, and not at all when the last pass already saw every sample
 (the Listener runs one when the user pauses, so a turn that ends in that pause has its final for free).
 
-Why ``final`` does not decode only the audio after the committed words: faster-whisper pads every window to
-30 s, and the encoder's cost is that of the 30 s window whatever the audio length (tiny.en int8 on this 2-core
-CPU: 500-700 ms for the 30 s encoder, most of a pass; the decoder's few tokens are the rest), so a shorter
-clip saves little and loses the context Whisper needs at the cut. What the final must guarantee instead is
-that it never loses what was committed: the committed words are kept verbatim and the last pass only adds
-what follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
+The window: Whisper pads its input to a 30 s window, and the encoder's cost is that of the window whatever
+the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder's few tokens are the rest).
+``stt.window_s = 0`` (the default) fits the window to the audio, rounded up to whole seconds with a margin
+and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is fed only that part
+of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the pass at a pause,
+which is on the path to the reply, takes a fraction of the time (`bench stt-accuracy --windows 30,0`
+measures both, WER included). Why ``final`` does not decode only the audio after
+the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
+it never loses what was committed: the committed words are kept verbatim and the last pass only adds what
+follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
 
 Two beam sizes: ``stt.partial_beam_size`` for the passes while the user speaks (they only have to agree with
 each other) and ``stt.beam_size`` for every pass that can become the final (at a pause, and the final's own).
@@ -21,11 +25,14 @@ each other) and ``stt.beam_size`` for every pass that can become the final (at a
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
+import math
 import re
 import threading
 from concurrent.futures import Executor, ThreadPoolExecutor
 from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -36,6 +43,10 @@ from voice.models import ModelError, Resolved, hub_error
 log = logging.getLogger("specvoice.stt")
 
 RATE = SPEECH_RATE
+WHISPER_WINDOW_S = 30  # the window Whisper was trained on
+MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (bench stt-accuracy)
+WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
+FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
 HALLUCINATIONS = {
@@ -82,17 +93,35 @@ def _join(words: list[Word]) -> str:
     return "".join(w.text for w in words).strip()
 
 
+@functools.cache
+def _windowed_whisper() -> type:
+    """The model class (faster-whisper is imported when the first local STT loads: a remote one never needs it)."""
+    from faster_whisper import WhisperModel
+
+    class WindowedWhisper(WhisperModel):
+        """faster-whisper's model, its encoder fed only the first ``window_frames`` of each 30 s segment.
+        faster-whisper pads every segment to 30 s of features; past the audio (and its margin) that is padding,
+        and encoding it is most of a pass. CTranslate2's encoder takes the shorter input as it is."""
+
+        window_frames: int | None = None
+
+        def encode(self, features: Any) -> Any:
+            if self.window_frames is not None and features.shape[-1] > self.window_frames:
+                features = np.ascontiguousarray(features[..., : self.window_frames])
+            return super().encode(features)
+
+    return WindowedWhisper
+
+
 class SpeechToText:
     """One loaded Whisper model (loaded once, shared by every utterance; decodes are serialized)."""
 
     def __init__(self, resolved: Resolved, settings: STTConfig, executor: Executor | None = None) -> None:
-        from faster_whisper import WhisperModel
-
         self.settings = settings
         # the thread Whisper passes run on (the assistant owns it; standalone use gets its own)
         self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-stt")
         try:
-            self.model = WhisperModel(
+            self.model = _windowed_whisper()(
                 str(resolved.path or resolved.hub_id),
                 device=settings.device,
                 compute_type=settings.compute_type,
@@ -124,6 +153,7 @@ class SpeechToText:
         if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
             return []
         with self._lock:
+            self.model.window_frames = self.window_s(len(audio)) * FRAMES_PER_S
             segments, _ = self.model.transcribe(
                 audio,
                 language=self.language,
@@ -143,6 +173,13 @@ class SpeechToText:
             self.passes += 1
             self.decoded_s += len(audio) / RATE
         return words
+
+    def window_s(self, samples: int) -> int:
+        """Whisper's window for ``samples`` of audio: stt.window_s, or (0) the audio's length rounded up with
+        at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s."""
+        if self.settings.window_s:
+            return self.settings.window_s
+        return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / RATE + WINDOW_MARGIN_S)))
 
     @staticmethod
     def _hallucinated(seg, audio: np.ndarray) -> bool:

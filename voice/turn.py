@@ -205,6 +205,7 @@ class Turn:
         finally:
             await stream.aclose()  # at once, not when the garbage collector gets to it: the conversation is free
             self._release()
+            self.ctx.warm()  # the reply's audio still plays: trim ahead and prefill now, not in the next turn
 
     def _finish(self, parser: ActionParser | None, sink: Any, error: StageError | None) -> TurnDone:
         ctx, trace, outcome = self.ctx, self.trace, self.outcome
@@ -237,6 +238,8 @@ class Turn:
         log.info("turn", extra={"session": ctx.session_id, **trace.to_dict()})
         if not self.interrupted:
             ctx.set_state(State.IDLE)
+        if self._commits:
+            ctx.warm()  # the exchange is in the history now: prefill it too
         return done
 
     def _heard_samples(self, sink: Any) -> int:

@@ -31,6 +31,7 @@ class TurnContext:
     stt_timeout_s: float
     allowed_actions: dict[str, list[str]]
     session_id: str = ""
+    warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
 
     def chunker(self) -> Chunker:
         return Chunker.from_config(self.tts_config)

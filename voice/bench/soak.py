@@ -186,13 +186,22 @@ async def hostile_phase(
     }
 
 
-async def conversation_phase(assistant: Assistant, turns: int) -> dict[str, Any]:
-    """``turns`` text turns through one Session, as a long conversation would go."""
+async def conversation_phase(assistant: Assistant, turns: int, gap_s: float) -> dict[str, Any]:
+    """``turns`` text turns through one Session, as a long conversation would go: ``gap_s`` from a reply's end
+    to the next question stands for the reply's playback and the user's next words (a voice turn has both),
+    the time the session uses to trim ahead and prefill. How long that took is recorded per turn."""
     session = assistant.session(name="soak")
     rows: list[dict[str, Any]] = []
     try:
         for i in range(turns):
             done = await session.ask(PROMPTS[i % len(PROMPTS)], speak=False)
+            start = time.monotonic()
+            warm_ms: float | None = None
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(gap_s):
+                    await session.warmed()
+                    warm_ms = round(1000 * (time.monotonic() - start), 1)
+            await asyncio.sleep(max(0.0, gap_s - (time.monotonic() - start)))
             decoder = done.trace.get("decoder") or {}
             rows.append(
                 {
@@ -202,6 +211,8 @@ async def conversation_phase(assistant: Assistant, turns: int) -> dict[str, Any]
                     "prefill_tokens": decoder.get("prefill_tokens"),
                     "new_tokens": decoder.get("new_tokens"),
                     "history_messages": len(session.history),
+                    "warm_ms": warm_ms,  # None: the warm-up was still running when the next question came
+                    "trims": session.conversation.trims,
                 }
             )
     finally:
@@ -222,9 +233,13 @@ async def conversation_phase(assistant: Assistant, turns: int) -> dict[str, Any]
     ratio = None
     if len(deciles) >= 2 and deciles[0]["ttft_ms"].get("p95"):
         ratio = round(deciles[-1]["ttft_ms"]["p95"] / deciles[0]["ttft_ms"]["p95"], 2)
+    warm = [r["warm_ms"] for r in rows if r["warm_ms"] is not None]
     return {
+        "gap_s": gap_s,
         "turns": rows,
         "failed_turns": sum(r["ttft_ms"] is None for r in rows),
+        "warm_ms": percentiles(warm) | {"max": max(warm, default=None), "unfinished": len(rows) - len(warm)},
+        "trims": rows[-1]["trims"] if rows else 0,
         "deciles": deciles,
         "last_over_first_p95": ratio,
     }
@@ -288,6 +303,11 @@ def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) 
                 f"{d['prompt_tokens_p50']:8.0f} {d['prefill_tokens_p50']:8.0f}"
             )
         print(f"p95 last decile / first decile: {conv['last_over_first_p95']} (goal <= 1.5)")
+        w = conv["warm_ms"]
+        print(
+            f"history trims: {conv['trims']}; warm-up between turns (gap {conv['gap_s']} s): p50 {w.get('p50')} ms, "
+            f"max {w.get('max')} ms, unfinished when the next question came: {w['unfinished']}"
+        )
 
 
 async def bench(config: Any, argv: list[str]) -> int:
@@ -296,6 +316,9 @@ async def bench(config: Any, argv: list[str]) -> int:
     p.add_argument("--turns", type=int, default=100, help="turns of the long conversation (0: skip it)")
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--max-new-tokens", type=int, default=32, help="reply length (short, as a voice reply is)")
+    p.add_argument(
+        "--gap-s", type=float, default=2.0, help="from a reply's end to the next question (its playback + the words)"
+    )
     p.add_argument("--no-mqtt", action="store_true", help="leave the MQTT bridge out")
     p.add_argument("--json", default="bench-results/soak.json")
     args = p.parse_args(argv)
@@ -318,7 +341,7 @@ async def bench(config: Any, argv: list[str]) -> int:
     try:
         if args.inputs:
             report["hostile"] = await hostile_phase(config, assistant, args, rss)
-        report["conversation"] = await conversation_phase(assistant, args.turns)
+        report["conversation"] = await conversation_phase(assistant, args.turns, args.gap_s)
         rss["after conversation"] = rss_mb()
     finally:
         await assistant.close()

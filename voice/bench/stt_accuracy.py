@@ -73,29 +73,33 @@ def _corpus_wer(rows: list[dict]) -> float:
 # ---- STT ------------------------------------------------------------------------------------------------------
 
 
-def bench_stt(models: list[str], beams: list[int], utterances: tuple[Utterance, ...], threads: int) -> list[dict]:
-    """Every (model, beam) on every utterance, interleaved (each utterance goes through all settings in turn),
-    so a busy neighbour slows every setting alike and the latency columns compare fairly."""
+def bench_stt(
+    models: list[str], beams: list[int], utterances: tuple[Utterance, ...], threads: int, windows: list[int]
+) -> list[dict]:
+    """Every (model, beam, window) on every utterance, interleaved (each utterance goes through all settings in
+    turn), so a busy neighbour slows every setting alike and the latency columns compare fairly. ``windows``:
+    stt.window_s values (30: Whisper's padded window; 0: fitted to the audio)."""
     setups = [
         (
-            model,
-            beam,
+            (model, beam, window),
             SpeechToText(
-                resolve(model, "stt"), STTConfig(language="en", compute_type="int8", beam_size=beam, threads=threads)
+                resolve(model, "stt"),
+                STTConfig(language="en", compute_type="int8", beam_size=beam, threads=threads, window_s=window),
             ),
         )
         for model in models
         for beam in beams
+        for window in windows
     ]
-    for _, _, stt in setups:
+    for _, stt in setups:
         _text(stt, utterances[0].audio)  # the first pass allocates; not part of the figures
-    rows: dict[tuple[str, int], list[dict]] = {(m, b): [] for m, b, _ in setups}
+    rows: dict[tuple[str, int, int], list[dict]] = {key: [] for key, _ in setups}
     for u in tqdm(utterances, desc="stt", disable=None, leave=False):
-        for model, beam, stt in setups:
+        for key, stt in setups:
             t0 = time.perf_counter()
             text = _text(stt, u.audio)
             seconds = time.perf_counter() - t0
-            rows[(model, beam)].append(
+            rows[key].append(
                 {
                     "id": u.id,
                     "voice": u.voice.name,
@@ -109,13 +113,14 @@ def bench_stt(models: list[str], beams: list[int], utterances: tuple[Utterance, 
                 }
             )
     results = []
-    for (model, beam), rs in rows.items():
+    for (model, beam, window), rs in rows.items():
         passes = [r["pass_s"] for r in rs]
         voices = sorted({r["voice"] for r in rs})
         results.append(
             {
                 "model": model,
                 "beam": beam,
+                "window_s": window,
                 "threads": threads,
                 "utterances": len(rs),
                 "wer": _corpus_wer(rs),
@@ -138,14 +143,15 @@ def stt_table(results: list[dict]) -> str:
         return ""
     lines = [
         (
-            f"{'model':18s} {'beam':>4s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} {'pass mean':>10s} "
+            f"{'model':18s} {'beam':>4s} {'window':>6s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} {'pass mean':>10s} "
             f"{'pass p95':>9s} {'RTF':>6s}   (one offline pass per utterance, mean audio "
             f"{results[0]['mean_audio_s']:.2f} s, {results[0]['utterances']} utterances)"
         )
     ]
     for r in results:
         lines.append(
-            f"{r['model']:18s} {r['beam']:4d} {r['wer']:6.3f} {r['wer_clean']:6.3f} {r['wer_noisy']:6.3f} "
+            f"{r['model']:18s} {r['beam']:4d} {r['window_s'] or 'fit':>6} {r['wer']:6.3f} "
+            f"{r['wer_clean']:6.3f} {r['wer_noisy']:6.3f} "
             f"{r['pass_mean_s'] * 1000:8.0f}ms {r['pass_p95_s'] * 1000:7.0f}ms {r['rtf']:6.3f}"
         )
     return "\n".join(lines)
@@ -411,6 +417,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--models", default="whisper-tiny.en,whisper-base", help="comma-separated STT models")
     parser.add_argument("--beams", default="1,5", help="comma-separated beam sizes")
     parser.add_argument("--threads", type=int, default=2, help="STT CPU threads")
+    parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
     parser.add_argument("--per-voice", type=int, default=0, help="STT: only the first N sentences per voice (0: all)")
     parser.add_argument("--thresholds", default="0.5,0.7,0.9")
     parser.add_argument("--max-silences", default="1000,1500")
@@ -435,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
             keep = {f"{i:02d}" for i in range(opts.per_voice)}
             utterances = tuple(u for u in utterances if u.id.rsplit("/", 1)[1] in keep)
         models = [m for m in opts.models.split(",") if m]
-        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads)
+        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, _ints(opts.windows))
         print(stt_table(result["stt"]))
     if not opts.skip_turn:
         onnx = resolve("smart-turn-v3.2", "turn").path
