@@ -9,8 +9,10 @@ connection closed, as the LLM server sees it.
 
 The LLM: with ``--stub`` a stand-in (voice/bench/stub_llm.py) streams a canned reply after ``--ttft-ms`` at
 ``--tokens-per-s``, costing nothing here, so the figures are the front-end's own with a GPU server's latency
-added as stated; otherwise ``llm.base_url`` names a real server (one on this machine takes CPU from the
-front-end: pin it, e.g. ``taskset -c 1``, and say so). Table on stdout, JSON under bench-results/.
+added as stated (default 200 ms and 40 tokens/s per request: the README's GPU sizing assumes a server that
+delivers at least that to every conversation); otherwise ``llm.base_url`` names a real server (one on this
+machine takes CPU from the front-end: pin it, e.g. ``taskset -c 1``, and say so). Table on stdout, JSON under
+bench-results/.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ async def bench(config, argv: list[str]) -> int:
     p.add_argument("--sessions", default="1,2,4,6", help="concurrent conversations per round, comma-separated")
     p.add_argument("--turns", type=int, default=3, help="spoken turns per conversation")
     p.add_argument("--stub", action="store_true", help="a stand-in LLM server (no compute) instead of llm.base_url")
-    p.add_argument("--ttft-ms", type=float, default=150.0, help="--stub: first-token delay")
-    p.add_argument("--tokens-per-s", type=float, default=50.0, help="--stub: streaming rate per request")
+    p.add_argument("--ttft-ms", type=float, default=200.0, help="--stub: first-token delay")
+    p.add_argument("--tokens-per-s", type=float, default=40.0, help="--stub: streaming rate per request, in tokens")
     p.add_argument("--cancels", type=int, default=10, help="ask-and-cancel rounds for the cancel latency")
     p.add_argument("--json", default="bench-results/frontend.json")
     args = p.parse_args(argv)
@@ -204,7 +206,7 @@ async def _converse(url: str, questions: list[np.ndarray], results: list[dict]) 
 async def _cancels(url: str, stub: StubLLM, count: int) -> list[float]:
     """Ask by text, cancel at the first audio: ms from sending response.cancel to the LLM connection closing."""
     out: list[float] = []
-    stub.tokens_per_s, stub.cycle = 10.0, True  # a reply that lasts: the cancel always lands mid-stream
+    stub.tokens_per_s, stub.cycle = 10.0, True  # a reply that lasts (~16 s): the cancel always lands mid-stream
     async with _client(url).realtime.connect(model="specvoice") as conn:
         await conn.recv_bytes()
         for _ in range(count):
