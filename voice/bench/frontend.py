@@ -87,13 +87,14 @@ async def bench(config, argv: list[str]) -> int:
     )
     print(
         f"{'sessions':>8s} {'turns':>6s} {'failed':>6s} {'v2v p50 ms':>11s} {'p95':>7s} {'max':>7s} "
-        f"{'server v2v p50':>15s} {'front-end CPU':>14s}"
+        f"{'server v2v p50':>15s} {'front-end CPU':>14s} {'CPU s/turn':>11s}"
     )
     for r in rounds:
         print(
             f"{r['sessions']:8d} {r['turns']:6d} {r['failed']:6d} {r['client_v2v_ms'].get('p50', 0):11.0f} "
             f"{r['client_v2v_ms'].get('p95', 0):7.0f} {r['client_v2v_ms'].get('max', 0):7.0f} "
-            f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c"
+            f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c "
+            f"{r['frontend_cpu_s_per_turn']:11.2f}"
         )
     held = [r["sessions"] for r in rounds if r["failed"] == 0 and r["client_v2v_ms"].get("p95", 1e9) < 3000]
     print(f"held at p95 voice-to-voice < 3 s: {max(held) if held else 0} sessions (of those tried)")
@@ -163,7 +164,7 @@ async def _round(url: str, front: asyncio.subprocess.Process, n: int, turns: int
     results: list[dict] = []
     order = [[speech[(s + t) % len(speech)] for t in range(turns)] for s in range(n)]
     await asyncio.gather(*(_converse(url, order[s], results) for s in range(n)))
-    used = (sum(cpu.cpu_times()[:2]) - before) / (time.monotonic() - started)
+    spent, wall = sum(cpu.cpu_times()[:2]) - before, time.monotonic() - started
     ok = [r for r in results if r.get("status") == "completed" and r.get("client_v2v_ms") is not None]
     return {
         "sessions": n,
@@ -171,7 +172,10 @@ async def _round(url: str, front: asyncio.subprocess.Process, n: int, turns: int
         "failed": len(results) - len(ok),
         "client_v2v_ms": percentiles([r["client_v2v_ms"] for r in ok]),
         "server_v2v_ms": percentiles([r["server_v2v_ms"] for r in ok if r.get("server_v2v_ms") is not None]),
-        "frontend_cpu_cores": round(used, 2),
+        "frontend_cpu_cores": round(spent / wall, 2),
+        "wall_s": round(wall, 1),
+        # what a turn costs the front-end whatever else runs on the machine: the load-independent part
+        "frontend_cpu_s_per_turn": round(spent / max(1, len(results)), 2),
         "results": results,
     }
 
