@@ -254,18 +254,23 @@ class RemoteConversation(ChatHistory):
     # ---- replies ---------------------------------------------------------------------------------------------
 
     async def reply(
-        self, user_text: str, settings: DecodeSettings | None = None, *, commit: bool = True
+        self, user_text: str | None, settings: DecodeSettings | None = None, *, commit: bool = True
     ) -> AsyncIterator[Emission]:
         """Stream the reply to ``user_text`` as the server sends it; same contract as the local
-        ``Conversation.reply``. ``Emission.token_ids`` is empty: the server sends text, not ids."""
+        ``Conversation.reply``, None included: the reply to the history as it is (a websocket client's
+        ``conversation.item.create`` + ``response.create`` put the user's words there already). ``Emission.token_ids``
+        is empty: the server sends text, not ids."""
         settings = settings or self.engine.settings
-        if not user_text or not user_text.strip():
+        if user_text is not None and not user_text.strip():
             raise ValueError("empty user text: there is nothing to reply to; fix: send some words")
+        if user_text is None and not self.messages:
+            raise ValueError("no history and no user text: there is nothing to reply to; fix: send some words")
         if self._busy:
             raise RuntimeError("this conversation is already streaming a reply; fix: finish or cancel it first")
         if settings.max_new_tokens == 0:
             return
-        kept = self._fit_history(self.messages + [{"role": "user", "content": user_text}])
+        new = [{"role": "user", "content": user_text}] if user_text is not None else []
+        kept = self._fit_history(self.messages + new)
         self._busy, self._pending = True, kept
         if commit:
             self._before_turn = list(self.messages)

@@ -2,11 +2,13 @@
 (``transformers serve`` on SmolLM2 from the model cache, tests/openai_server.py), through the real voice loop
 (Session, Turn, clause chunker, piper): streaming, a barge-in that closes the request on the server, the history
 trimmed to what was heard across turns, a server that is down, killed mid-stream or slow to its first token, and
-a 429. Whisper and piper run here; the LLM runs only in the server process."""
+a 429; and over the websocket (the openai SDK's realtime client), text asks answered aloud after cancels. Whisper
+and piper run here; the LLM runs only in the server process."""
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -29,6 +31,8 @@ from voice.speechset import piper_utterance
 
 from broker import free_port
 from openai_server import OpenAIServer
+from realtime_client import make_config
+from serving import sdk, serving
 from test_pipeline import Mic, Recorder
 
 STORY = "Tell me a long story about a brave little fox."
@@ -146,6 +150,54 @@ async def test_barge_in_closes_the_request_on_the_server(assistant, server):
     ]
     await session.close()
     sink.close()
+
+
+async def until(conn, kind: str, timeout: float = 150.0) -> list[dict]:
+    """Server events up to the first of ``kind``; an ``error``, or a ``response.done`` that comes first, fails
+    the test at once with what the server said."""
+    out: list[dict] = []
+    async with asyncio.timeout(timeout):
+        while True:
+            event = json.loads(await conn.recv_bytes())
+            out.append(event)
+            if event["type"] == kind:
+                return out
+            assert event["type"] not in ("error", "response.done"), f"waiting for {kind}, got {event}"
+
+
+async def test_websocket_text_asks_after_cancels_are_answered_aloud(assistant, server):
+    """A websocket client's text turn (conversation.item.create, then response.create) asks for the reply to the
+    history as it stands: the user's words are already there, no new text comes with the request. Three asks
+    cancelled at their first audio (each cancel closes the request on the server), then a fourth is answered
+    aloud, and the server gets one user message for the unanswered questions (its template refuses two in a
+    row)."""
+    config = make_config(assistant)
+    async with serving(config, assistant):
+        async with sdk(f"ws://127.0.0.1:{config.server.port}/v1").realtime.connect(model="smollm2") as conn:
+            await until(conn, "session.created")
+            for _ in range(3):
+                cancels = len(server.cancels())
+                await conn.conversation.item.create(
+                    item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": STORY}]}
+                )
+                await conn.response.create(response={"max_output_tokens": 300})
+                await until(conn, "response.output_audio.delta")
+                await conn.response.cancel()
+                assert (await until(conn, "response.done"))[-1]["response"]["status"] == "cancelled"
+                closed = await asyncio.to_thread(server.wait_for, "cancels", cancels + 1)
+                assert closed[-1]["tokens"] < 300, "the cancel closed the request on the server"
+            question = "What is the capital of France?"
+            await conn.conversation.item.create(
+                item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": question}]}
+            )
+            await conn.response.create()
+            events = await until(conn, "response.done")
+    assert events[-1]["response"]["status"] == "completed"
+    assert any(e["type"] == "response.output_audio.delta" for e in events), "the reply was spoken"
+    sent = server.requests()[-1]["messages"]
+    assert sent[-1]["role"] == "user" and sent[-1]["content"].endswith(question)
+    roles = [m["role"] for m in sent]
+    assert roles[0] == "system" and all(a != b for a, b in itertools.pairwise(roles[1:])), roles
 
 
 async def test_trim_to_heard_across_turns(assistant, server):

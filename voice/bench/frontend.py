@@ -9,8 +9,10 @@ connection closed, as the LLM server sees it.
 
 The LLM: with ``--stub`` a stand-in (voice/bench/stub_llm.py) streams a canned reply after ``--ttft-ms`` at
 ``--tokens-per-s``, costing nothing here, so the figures are the front-end's own with a GPU server's latency
-added as stated; otherwise ``llm.base_url`` names a real server (one on this machine takes CPU from the
-front-end: pin it, e.g. ``taskset -c 1``, and say so). Table on stdout, JSON under bench-results/.
+added as stated (default 200 ms and 40 tokens/s per request: the README's GPU sizing assumes a server that
+delivers at least that to every conversation); otherwise ``llm.base_url`` names a real server (one on this
+machine takes CPU from the front-end: pin it, e.g. ``taskset -c 1``, and say so). Table on stdout, JSON under
+bench-results/.
 """
 
 from __future__ import annotations
@@ -50,8 +52,8 @@ async def bench(config, argv: list[str]) -> int:
     p.add_argument("--sessions", default="1,2,4,6", help="concurrent conversations per round, comma-separated")
     p.add_argument("--turns", type=int, default=3, help="spoken turns per conversation")
     p.add_argument("--stub", action="store_true", help="a stand-in LLM server (no compute) instead of llm.base_url")
-    p.add_argument("--ttft-ms", type=float, default=150.0, help="--stub: first-token delay")
-    p.add_argument("--tokens-per-s", type=float, default=50.0, help="--stub: streaming rate per request")
+    p.add_argument("--ttft-ms", type=float, default=200.0, help="--stub: first-token delay")
+    p.add_argument("--tokens-per-s", type=float, default=40.0, help="--stub: streaming rate per request, in tokens")
     p.add_argument("--cancels", type=int, default=10, help="ask-and-cancel rounds for the cancel latency")
     p.add_argument("--json", default="bench-results/frontend.json")
     args = p.parse_args(argv)
@@ -85,13 +87,14 @@ async def bench(config, argv: list[str]) -> int:
     )
     print(
         f"{'sessions':>8s} {'turns':>6s} {'failed':>6s} {'v2v p50 ms':>11s} {'p95':>7s} {'max':>7s} "
-        f"{'server v2v p50':>15s} {'front-end CPU':>14s}"
+        f"{'server v2v p50':>15s} {'front-end CPU':>14s} {'CPU s/turn':>11s}"
     )
     for r in rounds:
         print(
             f"{r['sessions']:8d} {r['turns']:6d} {r['failed']:6d} {r['client_v2v_ms'].get('p50', 0):11.0f} "
             f"{r['client_v2v_ms'].get('p95', 0):7.0f} {r['client_v2v_ms'].get('max', 0):7.0f} "
-            f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c"
+            f"{r['server_v2v_ms'].get('p50', 0):15.0f} {r['frontend_cpu_cores']:12.2f} c "
+            f"{r['frontend_cpu_s_per_turn']:11.2f}"
         )
     held = [r["sessions"] for r in rounds if r["failed"] == 0 and r["client_v2v_ms"].get("p95", 1e9) < 3000]
     print(f"held at p95 voice-to-voice < 3 s: {max(held) if held else 0} sessions (of those tried)")
@@ -161,7 +164,7 @@ async def _round(url: str, front: asyncio.subprocess.Process, n: int, turns: int
     results: list[dict] = []
     order = [[speech[(s + t) % len(speech)] for t in range(turns)] for s in range(n)]
     await asyncio.gather(*(_converse(url, order[s], results) for s in range(n)))
-    used = (sum(cpu.cpu_times()[:2]) - before) / (time.monotonic() - started)
+    spent, wall = sum(cpu.cpu_times()[:2]) - before, time.monotonic() - started
     ok = [r for r in results if r.get("status") == "completed" and r.get("client_v2v_ms") is not None]
     return {
         "sessions": n,
@@ -169,7 +172,10 @@ async def _round(url: str, front: asyncio.subprocess.Process, n: int, turns: int
         "failed": len(results) - len(ok),
         "client_v2v_ms": percentiles([r["client_v2v_ms"] for r in ok]),
         "server_v2v_ms": percentiles([r["server_v2v_ms"] for r in ok if r.get("server_v2v_ms") is not None]),
-        "frontend_cpu_cores": round(used, 2),
+        "frontend_cpu_cores": round(spent / wall, 2),
+        "wall_s": round(wall, 1),
+        # what a turn costs the front-end whatever else runs on the machine: the load-independent part
+        "frontend_cpu_s_per_turn": round(spent / max(1, len(results)), 2),
         "results": results,
     }
 
@@ -204,7 +210,7 @@ async def _converse(url: str, questions: list[np.ndarray], results: list[dict]) 
 async def _cancels(url: str, stub: StubLLM, count: int) -> list[float]:
     """Ask by text, cancel at the first audio: ms from sending response.cancel to the LLM connection closing."""
     out: list[float] = []
-    stub.tokens_per_s, stub.cycle = 10.0, True  # a reply that lasts: the cancel always lands mid-stream
+    stub.tokens_per_s, stub.cycle = 10.0, True  # a reply that lasts (~16 s): the cancel always lands mid-stream
     async with _client(url).realtime.connect(model="specvoice") as conn:
         await conn.recv_bytes()
         for _ in range(count):

@@ -6,6 +6,10 @@ compute on the same two cores; the delay and the rate are the GPU's part, stated
 It also notes when each streaming request's client connection closed before the reply was over (a cancel), on
 CLOCK_MONOTONIC, so the benchmark can time barge-in -> request closed as the server sees it. Minimal HTTP/1.1
 (keep-alive, chunked SSE): enough for the openai SDK; not a server for anything else.
+
+The reply streams a word a chunk, each word timed as ``TOKENS_PER_WORD`` tokens, so ``tokens_per_s`` is a rate in
+tokens as a GPU server's is (a BPE vocabulary of 32k-150k spends ~1.3 tokens on an English word; a server's
+detokenizer also sends about a word a chunk).
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import re
 import time
 from typing import Any
 
+TOKENS_PER_WORD = 1.3
 REPLY = (
     "Paris is the capital of France, and it sits on the river Seine. Spring and early autumn are the best "
     "times to visit, when the weather is mild and the crowds are smaller."
@@ -24,9 +29,9 @@ REPLY = (
 
 
 class StubLLM:
-    def __init__(self, ttft_s: float = 0.15, tokens_per_s: float = 50.0, reply: str = REPLY) -> None:
+    def __init__(self, ttft_s: float = 0.2, tokens_per_s: float = 40.0, reply: str = REPLY) -> None:
         self.ttft_s, self.tokens_per_s = ttft_s, tokens_per_s
-        self.tokens = re.findall(r"\s*\S+", reply)  # word pieces, ~1.3 real tokens each: close enough
+        self.words = re.findall(r"\s*\S+", reply)
         self.cycle = False  # True: the reply repeats up to the request's max_tokens
         self.closed: list[float] = []  # when a client went away mid-reply
         self.requests = 0
@@ -81,21 +86,22 @@ class StubLLM:
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         gone = asyncio.ensure_future(reader.read(1))  # the client sends nothing more until the reply is over
         try:
-            wanted = int(body.get("max_tokens") or len(self.tokens))
-            tokens = (self.tokens * (wanted // len(self.tokens) + 1) if self.cycle else self.tokens)[:wanted]
-            for i, token in enumerate(tokens):
-                await asyncio.wait({gone}, timeout=self.ttft_s if i == 0 else 1.0 / self.tokens_per_s)
+            wanted = max(1, int(int(body.get("max_tokens") or 10**6) / TOKENS_PER_WORD))  # in words
+            words = (self.words * (wanted // len(self.words) + 1) if self.cycle else self.words)[:wanted]
+            for i, word in enumerate(words):
+                await asyncio.wait({gone}, timeout=self.ttft_s if i == 0 else TOKENS_PER_WORD / self.tokens_per_s)
                 if gone.done():
                     self.closed.append(time.monotonic())
                     return False
-                self._event(writer, {"choices": [{"index": 0, "delta": {"content": token}}]})
+                self._event(writer, {"choices": [{"index": 0, "delta": {"content": word}}]})
                 await writer.drain()
             gone.cancel()
+            used = round(len(words) * TOKENS_PER_WORD)
             self._event(
                 writer,
                 {
                     "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}],
-                    "usage": {"prompt_tokens": 0, "completion_tokens": len(tokens), "total_tokens": len(tokens)},
+                    "usage": {"prompt_tokens": 0, "completion_tokens": used, "total_tokens": used},
                 },
             )
             writer.write(b"e\r\ndata: [DONE]\n\n\r\n0\r\n\r\n")
