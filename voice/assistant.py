@@ -25,6 +25,7 @@ from voice.endpointing import TurnModel
 from voice.events import Event, EventHandler
 from voice.latency import LatencyStats
 from voice.listener import Listener
+from voice.memory import Trimmer
 from voice.session import Session
 from voice.tasks import Tasks, cancel_and_wait
 
@@ -62,6 +63,7 @@ class Assistant:
         self._listeners: list[Callable[[str, Event], None]] = []
         self._sessions: set[Session] = set()
         self._background = Tasks()
+        self.memory = Trimmer()  # a closed session's memory goes back soon after (voice/memory.py)
 
     @classmethod
     async def load(cls, config: Config) -> Assistant:
@@ -117,6 +119,7 @@ class Assistant:
 
     def forget(self, session: Session) -> None:
         self._sessions.discard(session)
+        self.memory.session_closed()
 
     def decode_settings(self, **overrides: Any) -> Any:
         """The decoder settings for a turn, from ``config.llm`` (``overrides`` for benchmarks: mode="target").
@@ -178,5 +181,6 @@ class Assistant:
         for session in list(self._sessions):
             await session.close()
         await self._background.stop()
+        self.memory.close()
         for pool in self.workers.values():
             pool.shutdown(wait=False, cancel_futures=True)

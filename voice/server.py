@@ -75,9 +75,11 @@ async def serve(
     owned = assistant is None
     if assistant is None:
         from voice.assistant import Assistant
+        from voice.memory import settle_after_load
 
         notify("STATUS=loading models")
         assistant = await Assistant.load(config)
+        settle_after_load()  # this process keeps the models until it exits: see voice/memory.py
     metrics = Metrics()
     assistant.add_listener(metrics.on_event)
     shared = Shared(config, assistant, metrics, SessionSlots(config.server.max_sessions))

@@ -28,6 +28,7 @@ from audio.sinks import SpeakerSink
 from audio.sources import MicSource
 from voice.assistant import Assistant
 from voice.events import ActionRequested, Event, StateChanged, TranscriptFinal, TranscriptPartial, TurnDone, TurnError
+from voice.memory import settle_after_load
 from voice.sdnotify import notify, watchdog, watchdog_interval
 
 
@@ -138,6 +139,7 @@ async def home(config, serve_too: bool = False) -> int:
 
         check_exposure(config)
     assistant = await Assistant.load(config)
+    settle_after_load()  # the models stay until exit: see voice/memory.py
     audio = config.audio
     sink = SpeakerSink(audio.output_device, assistant.tts_sample_rate, block_ms=audio.block_ms, latency=audio.latency)
     mic = MicSource(audio.input_device, block_ms=audio.block_ms, rate=MIC_RATE, latency=audio.latency)

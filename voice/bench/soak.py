@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gc
 import json
 import logging
 import platform
@@ -31,6 +32,7 @@ from typing import Any
 from voice.assistant import Assistant
 from voice.bench import soak_hostile as hostile
 from voice.latency import percentiles
+from voice.memory import settle_after_load
 from voice.server import serve
 
 PROMPTS = (
@@ -157,13 +159,18 @@ async def hostile_phase(
             async with limit:
                 await coro
 
-        jobs = [bounded(hostile.wyoming_exchange(cfg.wyoming.port, data, counts)) for data in wy_inputs]
-        jobs += [bounded(hostile.websocket_session(url, ws_inputs[i : i + 5], counts)) for i in range(0, n_ws, 5)]
-        if n_mqtt:
-            jobs.append(hostile.mqtt_publish("127.0.0.1", cfg.mqtt.port, mqtt_inputs, cfg.mqtt.prefix, counts))
-        await asyncio.gather(*jobs)
+        for n in range(1, args.passes + 1):  # pass 2 on: new inputs (a leak grows with every pass, a plateau does not)
+            if n > 1:
+                wy_inputs = [hostile.wyoming_input(rng) for _ in range(n_wy)]
+                ws_inputs = hostile.websocket_inputs(rng, n_ws)
+                mqtt_inputs = hostile.mqtt_inputs(rng, cfg.mqtt.prefix, n_mqtt)
+            jobs = [bounded(hostile.wyoming_exchange(cfg.wyoming.port, data, counts)) for data in wy_inputs]
+            jobs += [bounded(hostile.websocket_session(url, ws_inputs[i : i + 5], counts)) for i in range(0, n_ws, 5)]
+            if n_mqtt:
+                jobs.append(hostile.mqtt_publish("127.0.0.1", cfg.mqtt.port, mqtt_inputs, cfg.mqtt.prefix, counts))
+            await asyncio.gather(*jobs)
+            rss["after hostile inputs" + (f", pass {n}" if n > 1 else "")] = rss_mb()
         fired_s = time.monotonic() - started
-        rss["after hostile inputs"] = rss_mb()
         slow = await hostile.slowloris(cfg.wyoming.port, url, cfg.server.max_sessions + 2)
         rss["after slowloris"] = rss_mb()
         probe: Counter[str] = Counter()  # the servers still answer an honest client
@@ -174,7 +181,9 @@ async def hostile_phase(
         with contextlib.suppress(Exception):
             await asyncio.wait_for(server, 60)
     return {
-        "inputs": {"wyoming": n_wy, "websocket": n_ws, "mqtt": n_mqtt, "total": n_wy + n_ws + n_mqtt},
+        "inputs": {k: args.passes * v for k, v in (("wyoming", n_wy), ("websocket", n_ws), ("mqtt", n_mqtt))}
+        | {"total": args.passes * (n_wy + n_ws + n_mqtt)},
+        "passes": args.passes,
         "seed": args.seed,
         "mqtt": use_mqtt,
         "seconds": round(fired_s, 1),
@@ -293,6 +302,11 @@ def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) 
         f"RSS growth over the run: {report['rss_growth_mb']:.0f} MB after one honest use of each service "
         f"(goal < 200); {report['rss_growth_from_load_mb']:.0f} MB since the models were loaded"
     )
+    mem = report["memory"]
+    print(
+        f"memory: {mem['frozen_objects']} objects frozen after loading; {mem['trims']} collections + trims after "
+        f"sessions closed (the slowest held the event loop {mem['slowest_ms']} ms)"
+    )
     conv = report["conversation"]
     if conv["deciles"]:
         print(f"time to first token by decile of {len(conv['turns'])} turns ({conv['failed_turns']} failed), ms:")
@@ -313,6 +327,7 @@ def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) 
 async def bench(config: Any, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench soak", description=__doc__.split("\n")[0])
     p.add_argument("--inputs", type=int, default=600, help="hostile inputs in all (0: skip that phase)")
+    p.add_argument("--passes", type=int, default=1, help="fire that many batches of hostile inputs (RSS after each)")
     p.add_argument("--turns", type=int, default=100, help="turns of the long conversation (0: skip it)")
     p.add_argument("--seed", type=int, default=14)
     p.add_argument("--max-new-tokens", type=int, default=32, help="reply length (short, as a voice reply is)")
@@ -326,6 +341,7 @@ async def bench(config: Any, argv: list[str]) -> int:
     config.llm.max_new_tokens = args.max_new_tokens
     rss: dict[str, Any] = {}
     assistant = await Assistant.load(config)
+    settle_after_load()  # as `specvoice serve` does once its models are loaded (voice/memory.py)
     rss["loaded"] = rss_mb()
     report: dict[str, Any] = {
         "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
@@ -349,6 +365,12 @@ async def bench(config: Any, argv: list[str]) -> int:
     report["rss_mb"] = {k: [round(v[0], 1), round(v[1], 1)] for k, v in rss.items()}
     report["rss_growth_mb"] = round(max(v[0] for v in rss.values()) - start, 1)  # from the warmed baseline
     report["rss_growth_from_load_mb"] = round(max(v[0] for v in rss.values()) - rss["loaded"][0], 1)
+    trimmer = assistant.memory  # closed sessions collected and their memory trimmed (voice/memory.py)
+    report["memory"] = {
+        "frozen_objects": gc.get_freeze_count(),
+        "trims": trimmer.runs,
+        "slowest_ms": trimmer.slowest_ms,
+    }
     print_report(config, args, report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))
