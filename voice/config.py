@@ -139,7 +139,7 @@ class STTConfig(_Section):
         ge=0,
         le=30,
         description="Whisper's input window in seconds: 0 fits it to the audio (the encoder's cost follows the "
-        "window, and most of a pass is the encoder); 30 is Whisper's own, padded window",
+        "window, and most of a pass is the encoder; a pass with a prompt keeps 30); 30 is Whisper's own, padded window",
     )
     threads: int = Field(2, ge=1)
     backend: Literal["local", "wyoming"] = Field(

@@ -11,9 +11,13 @@ The window: Whisper pads its input to a 30 s window, and the encoder's cost is t
 the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder's few tokens are the rest).
 ``stt.window_s = 0`` (the default) fits the window to the audio, rounded up to whole seconds with a margin
 and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is fed only that part
-of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the pass at a pause,
-which is on the path to the reply, takes a fraction of the time (`bench stt-accuracy --windows 30,0`
-measures both, WER included). Why ``final`` does not decode only the audio after
+of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and a pass takes a fraction
+of the time (`bench stt-accuracy --windows 30,0` measures both, WER included). Two exceptions keep Whisper
+in the conditions it was trained on: a pass with an initial prompt (the pass at a pause, with
+audio.turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it continue past the
+speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at 10 s and still at
+20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with no audio under
+it) is decoded again with the whole window. Why ``final`` does not decode only the audio after
 the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
 it never loses what was committed: the committed words are kept verbatim and the last pass only adds what
 follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
@@ -85,6 +89,13 @@ class Word:
         return re.sub(r"[^\w']", "", self.text.lower())
 
 
+def _piled_up(words: list[Word], n: int = 3) -> bool:
+    """The last ``n`` words share one instant: Whisper wrote text with no audio under it (a run-on after the
+    speech, "Thanks for watching, ..."), which word timing places at a single point."""
+    tail = words[-n:]
+    return len(tail) == n and tail[-1].end - tail[0].start < 0.02
+
+
 def _norm(text: str) -> str:
     return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())
 
@@ -153,32 +164,43 @@ class SpeechToText:
         if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
             return []
         with self._lock:
-            self.model.window_frames = self.window_s(len(audio)) * FRAMES_PER_S
-            segments, _ = self.model.transcribe(
-                audio,
-                language=self.language,
-                beam_size=beam_size or self.settings.beam_size,
-                temperature=0.0,
-                word_timestamps=True,
-                condition_on_previous_text=False,
-                initial_prompt=prompt or None,
-                vad_filter=False,
-            )
-            words: list[Word] = []
-            for seg in segments:
-                if self._hallucinated(seg, audio):
-                    log.debug("dropped hallucination", extra={"text": seg.text, "no_speech": seg.no_speech_prob})
-                    continue
-                words += [Word(w.word, w.start, w.end) for w in seg.words or [] if Word(w.word, 0, 0).key]
+            window = self.window_s(len(audio), prompted=bool(prompt))
+            words = self._decode(audio, window, prompt, beam_size)
+            if window < WHISPER_WINDOW_S and _piled_up(words):
+                log.debug("fitted window piled words up: whole window", extra={"text": _join(words)})
+                words = self._decode(audio, WHISPER_WINDOW_S, prompt, beam_size)
             self.passes += 1
             self.decoded_s += len(audio) / RATE
         return words
 
-    def window_s(self, samples: int) -> int:
+    def _decode(self, audio: np.ndarray, window_s: int, prompt: str | None, beam_size: int | None) -> list[Word]:
+        self.model.window_frames = window_s * FRAMES_PER_S
+        segments, _ = self.model.transcribe(
+            audio,
+            language=self.language,
+            beam_size=beam_size or self.settings.beam_size,
+            temperature=0.0,
+            word_timestamps=True,
+            condition_on_previous_text=False,
+            initial_prompt=prompt or None,
+            vad_filter=False,
+        )
+        words: list[Word] = []
+        for seg in segments:
+            if self._hallucinated(seg, audio):
+                log.debug("dropped hallucination", extra={"text": seg.text, "no_speech": seg.no_speech_prob})
+                continue
+            words += [Word(w.word, w.start, w.end) for w in seg.words or [] if Word(w.word, 0, 0).key]
+        return words
+
+    def window_s(self, samples: int, prompted: bool = False) -> int:
         """Whisper's window for ``samples`` of audio: stt.window_s, or (0) the audio's length rounded up with
-        at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s."""
+        at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s; a prompted pass
+        gets Whisper's 30 s (see the module docstring)."""
         if self.settings.window_s:
             return self.settings.window_s
+        if prompted:
+            return WHISPER_WINDOW_S
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / RATE + WINDOW_MARGIN_S)))
 
     @staticmethod
