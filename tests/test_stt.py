@@ -137,25 +137,24 @@ async def test_partials_and_finals_decode_with_their_own_beam(small_config):
     assert beams == [1, 3, 3]
 
 
-async def test_the_window_fits_the_audio_and_the_transcript_is_whisper_s_own(stt, small_config):
-    """stt.window_s = 0 encodes a window just longer than the audio instead of Whisper's padded 30 s (the encoder
-    is most of a pass); the words are those of the padded window (CTranslate2's int8 threads are not bit-exact
-    run to run: "lights in the kitchen" came back once as "lights and the kitchen" with either window, so one
-    word in the whole set may differ)."""
-    assert stt.settings.window_s == 0
-    assert [stt.window_s(int(16000 * s)) for s in (0.3, 2.9, 9.4, 9.6, 29.4, 45.0)] == [10, 10, 10, 11, 30, 30]
-    padded = SpeechToText(
-        resolve(small_config.models.stt, "stt"), STTConfig(**{**small_config.stt.model_dump(), "window_s": 30})
+async def test_a_fitted_window_keeps_whisper_s_words_on_clean_speech(stt, small_config):
+    """stt.window_s = 30 (the default) is Whisper's padded window; 0 encodes a window just longer than the audio
+    (the encoder is most of a pass). On clean sentences the words are those of the padded window (CTranslate2's
+    int8 threads are not bit-exact run to run: "lights in the kitchen" came back once as "lights and the
+    kitchen" with either window, so one word in the whole set may differ)."""
+    assert stt.settings.window_s == 30 and stt.window_s(16000) == 30
+    fitted = SpeechToText(
+        resolve(small_config.models.stt, "stt"), STTConfig(**{**small_config.stt.model_dump(), "window_s": 0})
     )
-    assert padded.window_s(16000) == 30
+    assert [fitted.window_s(int(16000 * s)) for s in (0.3, 2.9, 9.4, 9.6, 29.4, 45.0)] == [10, 10, 10, 11, 30, 30]
     differ = 0
     for sentence in SENTENCES:
         audio = np.concatenate([piper(sentence), silence(300)]).astype(np.float32) / 32768.0
-        fitted, whole = stt.decode(audio), padded.decode(audio)
-        a, b = (normalize_words(" ".join(w.text for w in ws)) for ws in (fitted, whole))
+        short, whole = fitted.decode(audio), stt.decode(audio)
+        a, b = (normalize_words(" ".join(w.text for w in ws)) for ws in (short, whole))
         assert len(a) == len(b), (a, b)
         differ += sum(x != y for x, y in zip(a, b, strict=True))
-        assert fitted and fitted[-1].end <= len(audio) / 16000 + 0.1  # word times stay within the audio
+        assert short and short[-1].end <= len(audio) / 16000 + 0.1  # word times stay within the audio
     assert differ <= 1
 
 
@@ -175,8 +174,9 @@ async def test_a_prompted_pass_is_not_continued_past_the_speech(small_config):
     run_on = forced._decode(audio, 10, TRANSCRIPT_PROMPT, None)  # the failure this guards against, as it was
     assert len(run_on) > 10 and run_on[-1].end - run_on[-3].start < 0.02
     for stt in (fitted, forced):  # the whole window; the 10 s one caught by the pile-up and decoded again
-        words = await stt.run_decode(audio, TRANSCRIPT_PROMPT)
-        assert normalize_words(" ".join(w.text for w in words)) == normalize_words(sentence)
+        heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT))
+        assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
+        assert wer(sentence, heard) <= 0.3, heard  # tiny.en may mishear a word ("the" for "a", run to run)
 
 
 async def test_no_new_audio_gives_no_partial(stt):

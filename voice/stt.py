@@ -9,15 +9,19 @@ re-decodes only the audio after the trim point, and not at all when the last pas
 
 The window: Whisper pads its input to a 30 s window, and the encoder's cost is that of the window whatever
 the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder's few tokens are the rest).
-``stt.window_s = 0`` (the default) fits the window to the audio, rounded up to whole seconds with a margin
-and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is fed only that part
-of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and a pass takes a fraction
-of the time (`bench stt-accuracy --windows 30,0` measures both, WER included). Two exceptions keep Whisper
-in the conditions it was trained on: a pass with an initial prompt (the pass at a pause, with
-audio.turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it continue past the
-speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at 10 s and still at
-20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with no audio under
-it) is decoded again with the whole window. Why ``final`` does not decode only the audio after
+``stt.window_s = 0`` (opt-in; the default is Whisper's 30) fits the window to the audio, rounded up to whole
+seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder
+is fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and
+a pass takes a fraction of the time (`bench stt-accuracy --windows 30,0` measures both, WER included). Two
+exceptions keep Whisper in the conditions it was trained on: a pass with an initial prompt (the pass at a
+pause, with audio.turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it
+continue past the speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at
+10 s and still at 20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with
+no audio under it) is decoded again with the whole window. It stays opt-in: in the test suite a fitted window
+still ran on after a one-word utterance ("Amber. remember.") and misheard a clean one ("and no can bread" for
+"Add milk and bread"), which the 30 s window did not.
+
+Why ``final`` does not decode only the audio after
 the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
 it never loses what was committed: the committed words are kept verbatim and the last pass only adds what
 follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
