@@ -9,7 +9,7 @@ import pytest
 from audio.turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config
 from voice.models import ModelError, resolve
-from voice.stt import SpeechToText, Word
+from voice.stt import SpeechToText, Word, _piled_up
 
 from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
 
@@ -171,8 +171,11 @@ async def test_a_prompted_pass_is_not_continued_past_the_speech(small_config):
 
     fitted, forced = stt_with(0), stt_with(10)
     assert fitted.window_s(len(audio), prompted=True) == 30 and fitted.window_s(len(audio)) == 10
-    run_on = forced._decode(audio, 10, TRANSCRIPT_PROMPT, None)  # the failure this guards against, as it was
-    assert len(run_on) > 10 and run_on[-1].end - run_on[-3].start < 0.02
+    # what the run-on looked like (2.10-2.10 s ...: text with no audio under it), recorded from a 10 s pass; a
+    # live 10 s pass runs on only in some runs (CTranslate2 int8 is not bit-exact run to run)
+    said = [Word(" octopuses.", 1.42, 2.10)]
+    run_on = said + [Word(w, 2.10, 2.10) for w in (" Thanks", " for", " watching,", " see", " you")]
+    assert _piled_up(run_on) and not _piled_up(said * 3) and not _piled_up(run_on[:2])
     for stt in (fitted, forced):  # the whole window; the 10 s one caught by the pile-up and decoded again
         heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT))
         assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
