@@ -133,6 +133,8 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ("[llm]\ntree_width = 0\n", "llm.tree_width"),
         ('[llm]\ntree = "sometimes"\n', "llm.tree"),
         ('[dialog]\nearly_reply = "maybe"\n', "dialog.early_reply"),
+        ("[stt]\nwindow_s = 45\n", "stt.window_s"),
+        ('[stt]\nwindow_s = "fitted"\n', "stt.window_s"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
