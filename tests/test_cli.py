@@ -65,6 +65,22 @@ def test_every_help_exits_0_with_usage_on_stdout(command):
     assert "usage" in result.stdout.lower() and result.stderr == ""
 
 
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("bench", "soak", "--passes", "0"), "--passes: 0 is below 1"),
+        (("bench", "soak", "--gap-s", "-2"), "--gap-s: -2 is below 0"),
+        (("bench", "soak", "--turns", "ten"), "--turns: 'ten' is not an integer"),
+        (("bench", "pipeline", "--questions", "-1"), "--questions: -1 is below 1"),
+        (("bench", "frontend", "--tokens-per-s", "x"), "--tokens-per-s: 'x' is not a number"),
+    ],
+)
+def test_a_nonsense_bench_number_is_a_usage_error_naming_the_flag(args, named):
+    """Refused before anything loads: a negative count once ran a benchmark for minutes that reported nothing."""
+    result = specvoice("-c", "small", *args)
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr
+
+
 def test_every_subcommand_is_in_the_help_list():
     assert {key.split()[0] for key in COMMANDS} | {"config", "models"} <= {c.split()[0] for c in HELP_COMMANDS if c}
 

@@ -24,6 +24,8 @@ from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
 from voice.stt import SpeechToText
 
+from speech import heard_as
+
 JOE = Voice("piper-joe", "piper")
 BLOCK = SPEECH_RATE // 50  # 20 ms
 T0 = 1000.0  # audio clock of the first sample
@@ -78,8 +80,9 @@ async def play(listener: Listener, audio: np.ndarray) -> tuple[list, list[dict]]
     return events, ended
 
 
-def words(text: str) -> list[str]:
-    return normalize_words(text.replace("...", " "))
+def words_of(text: str) -> str:
+    """The transcript's words without Whisper's "..." (which it writes at a pause)."""
+    return " ".join(normalize_words(text.replace("...", " ")))
 
 
 async def test_a_complete_question_ends_after_a_short_silence_with_its_final_already_done(
@@ -93,7 +96,7 @@ async def test_a_complete_question_ends_after_a_short_silence_with_its_final_alr
     assert turn["reason"] == "complete" and turn["probability"] >= small_config.turn.threshold
     # asked after turn.min_silence_ms, answered at once: ended well before the VAD rule's 500 ms
     assert small_config.turn.min_silence_ms / 1000 <= turn["wait_s"] < small_config.vad.end_silence_ms / 1000
-    assert words(turn["text"]) == words("What is the weather like in Paris?")
+    assert heard_as("What is the weather like in Paris?", words_of(turn["text"])), turn
     assert turn["final_passes"] == 0, "the pass at the pause was the final transcript"
     assert not any(isinstance(e, PauseHeard) for e in events), "a complete verdict leaves nothing to start early"
     await listener.close()
@@ -130,11 +133,11 @@ async def test_a_pause_the_model_calls_unfinished_cues_an_early_reply_and_the_us
         [PauseHeard, SpeechResumed, UtteranceEnded],
     ), kinds
     cue = next(e for e in events if isinstance(e, PauseHeard))
-    assert words(cue.text) == words("What time is it?")
+    assert heard_as("What time is it?", words_of(cue.text)), cue
     assert len(ended) == 1 and ended[0]["reason"] == "max_silence"
     assert ended[0]["final_passes"] == (0 if kinds.count(PauseHeard) == 2 else 1), (kinds, ended)
     assert abs(ended[0]["wait_s"] - config.turn.max_silence_ms / 1000) < 0.05
-    assert words(ended[0]["text"]) == words("What time is it? And what day is it?")
+    assert heard_as("What time is it? And what day is it?", words_of(ended[0]["text"])), ended
     await listener.close()
 
 
@@ -164,7 +167,10 @@ async def test_speech_right_after_the_end_of_a_turn_opens_the_next_one(small_con
     listener = Listener.from_config(small_config, stt, turn_model=turn_model)
     audio = np.concatenate([request("What time is it?", tail_s=0.55), request("Turn on the kitchen lights.")[8000:]])
     events, ended = await play(listener, audio)
-    assert [t["reason"] for t in ended] == ["complete", "complete"], ended
-    assert [words(t["text"]) for t in ended] == [words("What time is it?"), words("Turn on the kitchen lights.")]
+    # the first turn ends on the model's verdict; the second may also end at turn.max_silence_ms when Whisper
+    # writes its pause as trailing off ("Turn on the kitchen lights...", seen once in a fresh-clone run)
+    assert [t["reason"] for t in ended] in (["complete", "complete"], ["complete", "max_silence"]), ended
+    assert heard_as("What time is it?", words_of(ended[0]["text"])), ended
+    assert heard_as("Turn on the kitchen lights.", words_of(ended[1]["text"])), ended
     assert sum(isinstance(e, SpeechStarted) for e in events) == 2
     await listener.close()

@@ -253,6 +253,33 @@ async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, s
     sink.close()
 
 
+async def test_speech_before_any_of_the_reply_continues_the_question(assistant, speech):
+    """The end of turn took a pause for the end (the VAD rule at 300 ms) and the user went on before any of the
+    reply was out (here because another session holds the generator): the turn hands its words over, and one
+    reply answers both halves; the history holds one user message with all of them."""
+    config = assistant.config.model_copy(deep=True)
+    config.turn.engine, config.vad.end_silence_ms = "vad", 300
+    config.dialog.early_reply = False  # an early reply would wait for the generator too
+    quick = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+    rec, sink, session, mic = open_session(quick)
+    async with quick.generation_turn:  # another session is generating: this turn waits for it
+        await mic.play(speech("What is the capital of France?"))
+        await mic.silence(0.6)
+        assert rec.of(SpeechStopped), "the pause ended the turn"
+        await mic.play(speech("And of Germany?"))
+        await mic.silence(0.6)
+        first = await rec.turn_done()
+    done = await rec.turn_done(2)
+    assert first.interrupted and first.reply == "" and first.trace["handed_over"] is True, first
+    assert not done.interrupted and done.reply.strip(), done
+    assert "france" in done.transcript.lower() and "germany" in done.transcript.lower(), done.transcript
+    turns = [(m["role"], m["content"]) for m in session.history if m["role"] != "system"]
+    assert turns == [("user", done.transcript), ("assistant", done.reply)], "the first half left no message"
+    await session.close()
+    await quick.close()
+    sink.close()
+
+
 async def test_multi_turn_keeps_history(assistant):
     rec = Recorder()
     session = assistant.session(rec)

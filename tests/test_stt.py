@@ -11,7 +11,7 @@ from voice.config import STTConfig, load_config
 from voice.models import ModelError, resolve
 from voice.stt import SpeechToText, Word, _piled_up
 
-from speech import SENTENCES, espeak, normalize_words, piper, silence, wer
+from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, wer
 
 WER_BOUND_TINY = 0.10  # aggregate over 12 utterances; measured 0.0-0.03 on this machine
 WER_BOUND_BASE = 0.10
@@ -74,13 +74,14 @@ async def test_final_reuses_the_last_pass_when_only_silence_followed(stt):
     stream.add(silence(500))  # the endpointing silence the VAD waits for
     final = await stream.final()
     assert stt.passes == passes  # no re-decode
-    assert wer("Play some quiet music in the living room.", final) == 0.0
+    assert heard_as("Play some quiet music in the living room.", final), final
     stream2 = stt.stream()
     stream2.add(speech[: len(speech) // 2])
     await stream2.partial()
     stream2.add(speech[len(speech) // 2 :])  # new speech after the last pass: it must be decoded
     passes = stt.passes
-    assert wer("Play some quiet music in the living room.", await stream2.final()) == 0.0
+    final = await stream2.final()
+    assert heard_as("Play some quiet music in the living room.", final), final
     assert stt.passes == passes + 1
 
 
@@ -170,13 +171,16 @@ async def test_a_prompted_pass_is_not_continued_past_the_speech(small_config):
         return SpeechToText(resolve(small_config.models.stt, "stt"), settings)
 
     fitted, forced = stt_with(0), stt_with(10)
-    assert fitted.window_s(len(audio), prompted=True) == 30 and fitted.window_s(len(audio)) == 10
+    assert fitted.window_s(len(audio)) == 10 and forced.window_s(len(audio)) == 10
+    # a forced 10 s prompted pass ran on and was not caught by the pile-up rule in one run: every prompted pass
+    # gets Whisper's 30 s, whatever stt.window_s says
+    assert fitted.window_s(len(audio), prompted=True) == forced.window_s(len(audio), prompted=True) == 30
     # what the run-on looked like (2.10-2.10 s ...: text with no audio under it), recorded from a 10 s pass; a
     # live 10 s pass runs on only in some runs (CTranslate2 int8 is not bit-exact run to run)
     said = [Word(" octopuses.", 1.42, 2.10)]
     run_on = said + [Word(w, 2.10, 2.10) for w in (" Thanks", " for", " watching,", " see", " you")]
     assert _piled_up(run_on) and not _piled_up(said * 3) and not _piled_up(run_on[:2])
-    for stt in (fitted, forced):  # the whole window; the 10 s one caught by the pile-up and decoded again
+    for stt in (fitted, forced):  # both passes get the whole window
         heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT))
         assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
         assert wer(sentence, heard) <= 0.3, heard  # tiny.en may mishear a word ("the" for "a", run to run)

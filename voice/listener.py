@@ -29,7 +29,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -69,9 +69,19 @@ class Utterance:
     def duration(self) -> float:
         return self.stream.duration
 
+    _final: asyncio.Future[str] | None = field(default=None, repr=False)
+
     async def final(self) -> str:
-        """The final transcript. A partial pass still running is waited for, not thrown away (final() then
-        decodes only what it did not see); waiting does not cancel it, so a cancelled turn leaves no half pass."""
+        """The final transcript, worked out once. Cancelling a caller does not cancel the work: a turn cut before
+        its transcript was ready hands its utterance on to the next turn, which asks again (Turn.hand_over)."""
+        if self._final is None:
+            self._final = asyncio.ensure_future(self._transcribe())
+            self._final.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, if nobody asks
+        return await asyncio.shield(self._final)
+
+    async def _transcribe(self) -> str:
+        """A partial pass still running is waited for, not thrown away (the final then decodes only what it did
+        not see)."""
         if self.running_pass is not None:
             await asyncio.wait({self.running_pass})
             self.running_pass = None

@@ -7,7 +7,9 @@
 Every transport (microphone, websocket, Wyoming, MQTT) drives a session through the same few calls:
 ``push_audio`` (the ears), ``ask`` / ``say`` (text in), ``cancel``, ``close``. Speech from the user while a turn
 is running is a barge-in: the turn is cancelled (``Turn.cancel``, the only way anything stops), and it commits
-the reply to the history as far as the session's sink says the user heard it. A turn that fails ends with a
+the reply to the history as far as the session's sink says the user heard it; speech that comes before any
+of the reply is out means the user had not finished (a pause read as the end of the turn): the turn hands its
+utterance over and the next turn answers both together (``Turn.hand_over``). A turn that fails ends with a
 ``TurnError`` and leaves the session idle, ready for the next one.
 """
 
@@ -111,6 +113,7 @@ class Session:
         self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
         self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
         self._closed = False
+        self._carried: list[Utterance] = []  # turns handed over to the next utterance (Turn.hand_over)
         # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
         self._warm: asyncio.Task[Any] | None = None
         self._rewarm = False
@@ -170,8 +173,10 @@ class Session:
 
     async def _on_listen_event(self, event: ListenEvent) -> None:
         if isinstance(event, SpeechStarted):
-            if self.replying:
+            if self._turn is not None and self.replying:
+                carried = self._turn.hand_over()  # nothing of the reply out yet: the user had not finished
                 await self._interrupt()
+                self._carried = carried
             self._listen_trace = self._new_trace()
             self._listen_trace.mark("speech_start", self.listener.arrival(event.t))
             self._set_state(State.LISTENING)
@@ -199,7 +204,9 @@ class Session:
         }
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
         early, self._early = self._early, None
-        self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early).start()
+        before, self._carried = self._carried, []
+        self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early, before=before)
+        self._turn.start()
 
     def _prefill(self, committed: str) -> None:
         """Work during speech: the committed words (they never change) go into the LLM caches now, right after
@@ -290,6 +297,7 @@ class Session:
             if not text:
                 raise ValueError("ask() needs a non-empty question (or None to continue the conversation)")
         await self._interrupt()
+        self._carried = []  # a typed question supersedes spoken words still waiting for their end
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
         self._turn = turn = Turn(self.ctx, text or "", trace, speak=speak).start()
@@ -354,6 +362,7 @@ class Session:
     async def cancel(self) -> None:
         """Client-requested stop (response.cancel, MQTT cancel): same as a barge-in, then idle."""
         await self._interrupt()
+        self._carried = []
         self._set_state(State.IDLE)
 
     async def close(self) -> None:

@@ -198,13 +198,13 @@ class SpeechToText:
         return words
 
     def window_s(self, samples: int, prompted: bool = False) -> int:
-        """Whisper's window for ``samples`` of audio: stt.window_s, or (0) the audio's length rounded up with
-        at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s; a prompted pass
-        gets Whisper's 30 s (see the module docstring)."""
-        if self.settings.window_s:
-            return self.settings.window_s
+        """Whisper's window for ``samples`` of audio: Whisper's 30 s for a prompted pass (see the module
+        docstring), else stt.window_s, or (0) the audio's length rounded up with at least WINDOW_MARGIN_S to
+        spare, never under MIN_WINDOW_S nor over Whisper's 30 s."""
         if prompted:
             return WHISPER_WINDOW_S
+        if self.settings.window_s:
+            return self.settings.window_s
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / RATE + WINDOW_MARGIN_S)))
 
     @staticmethod

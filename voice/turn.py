@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from audio.resample import resample
@@ -48,9 +49,12 @@ class Turn:
         source: str | None = None,
         utterance: Utterance | None = None,
         early: EarlyReply | None = None,
+        before: Sequence[Utterance] = (),
     ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
         self.source, self.utterance, self.early = source, utterance, early
+        self.before = list(before)  # utterances of turns the user went on from (hand_over): asked together
+        self._handed_over = False
         self.outcome = ReplyOutcome()
         self.interrupted = False
         self.task: asyncio.Task[TurnDone | None] | None = None
@@ -78,6 +82,17 @@ class Turn:
     async def wait(self) -> TurnDone | None:
         assert self.task is not None, "start() the turn first"
         return await asyncio.shield(self.task)
+
+    def hand_over(self) -> list[Utterance]:
+        """The user spoke again before any of this reply was out: they had not finished. The turn gives its
+        question up (it will not commit) and returns its utterances, for the next turn to transcribe and answer
+        together with the new one; [] when there is nothing to hand over (no utterance, or reply audio already
+        out: a barge-in proper, which commits what was heard)."""
+        if self.utterance is None or self.done or self.outcome.samples_out > 0 or self._handed_over:
+            return []
+        self._handed_over = True
+        self.trace.extra["handed_over"] = True
+        return [*self.before, self.utterance]
 
     def truncate(self, heard_s: float) -> str | None:
         """The listener heard only the first ``heard_s`` seconds of this reply's audio. While the turn runs, that
@@ -170,7 +185,7 @@ class Turn:
         ctx, trace = self.ctx, self.trace
         try:
             async with asyncio.timeout(ctx.stt_timeout_s):
-                text = await utterance.final()
+                text = " ".join([t for u in [*self.before, utterance] if (t := await u.final())])
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             ctx.emit(TurnError(trace.turn_id, "stt", message))
@@ -214,7 +229,9 @@ class Turn:
         cut = self._heard_cap is not None or (self.interrupted and sink is not None)
         if cut:
             heard = outcome.heard_text(self._heard_samples(sink))
-        if self._commits and ctx.conversation.uncommitted:
+        if self._handed_over and ctx.conversation.uncommitted:
+            ctx.conversation.discard()  # the next turn asks these words again, with what the user added
+        elif self._commits and ctx.conversation.uncommitted:
             # the exchange enters the history once: the whole reply (with its action markers) when it was all
             # delivered, else the words the user heard
             complete = not cut and not self.interrupted and error is None

@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 
+from voice.bench import count, positive, seconds
 from voice.bench.stub_llm import StubLLM
 from voice.config import config_to_toml
 from voice.latency import percentiles
@@ -50,11 +51,11 @@ QUESTIONS = (
 async def bench(config, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench frontend")
     p.add_argument("--sessions", default="1,2,4,6", help="concurrent conversations per round, comma-separated")
-    p.add_argument("--turns", type=int, default=3, help="spoken turns per conversation")
+    p.add_argument("--turns", type=positive, default=3, help="spoken turns per conversation")
     p.add_argument("--stub", action="store_true", help="a stand-in LLM server (no compute) instead of llm.base_url")
-    p.add_argument("--ttft-ms", type=float, default=200.0, help="--stub: first-token delay")
-    p.add_argument("--tokens-per-s", type=float, default=40.0, help="--stub: streaming rate per request, in tokens")
-    p.add_argument("--cancels", type=int, default=10, help="ask-and-cancel rounds for the cancel latency")
+    p.add_argument("--ttft-ms", type=seconds, default=200.0, help="--stub: first-token delay")
+    p.add_argument("--tokens-per-s", type=seconds, default=40.0, help="--stub: streaming rate per request, in tokens")
+    p.add_argument("--cancels", type=count, default=10, help="ask-and-cancel rounds for the cancel latency")
     p.add_argument("--json", default="bench-results/frontend.json")
     args = p.parse_args(argv)
     stub = await StubLLM(args.ttft_ms / 1000.0, args.tokens_per_s).start() if args.stub else None

@@ -16,6 +16,7 @@ from tqdm import tqdm
 
 from audio.sinks import WavSink
 from voice.assistant import Assistant
+from voice.bench import positive
 from voice.events import Event, TurnDone, TurnError
 from voice.latency import percentiles
 from voice.wavturn import run_turn, synthesize_question
@@ -52,8 +53,8 @@ def _ends_into(finished: asyncio.Queue[Event | None]) -> Callable[[Event], None]
 
 async def bench(config, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench pipeline")
-    p.add_argument("--questions", type=int, default=len(QUESTIONS))
-    p.add_argument("--rounds", type=int, default=1)
+    p.add_argument("--questions", type=positive, default=len(QUESTIONS))
+    p.add_argument("--rounds", type=positive, default=1)
     p.add_argument("--json", default="bench-results/pipeline.json")
     args = p.parse_args(argv)
     assistant = await Assistant.load(config)

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.assistant import Assistant
+from voice.bench import count, positive, seconds
 from voice.bench import soak_hostile as hostile
 from voice.latency import percentiles
 from voice.memory import settle_after_load
@@ -328,13 +329,13 @@ def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) 
 
 async def bench(config: Any, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench soak", description=__doc__.split("\n")[0])
-    p.add_argument("--inputs", type=int, default=600, help="hostile inputs in all (0: skip that phase)")
-    p.add_argument("--passes", type=int, default=1, help="fire that many batches of hostile inputs (RSS after each)")
-    p.add_argument("--turns", type=int, default=100, help="turns of the long conversation (0: skip it)")
+    p.add_argument("--inputs", type=count, default=600, help="hostile inputs in all (0: skip that phase)")
+    p.add_argument("--passes", type=positive, default=1, help="batches of hostile inputs (RSS after each)")
+    p.add_argument("--turns", type=count, default=100, help="turns of the long conversation (0: skip it)")
     p.add_argument("--seed", type=int, default=14)
-    p.add_argument("--max-new-tokens", type=int, default=32, help="reply length (short, as a voice reply is)")
+    p.add_argument("--max-new-tokens", type=positive, default=32, help="reply length (short, as a voice reply is)")
     p.add_argument(
-        "--gap-s", type=float, default=2.0, help="from a reply's end to the next question (its playback + the words)"
+        "--gap-s", type=seconds, default=2.0, help="from a reply's end to the next question (its playback + the words)"
     )
     p.add_argument("--no-mqtt", action="store_true", help="leave the MQTT bridge out")
     p.add_argument("--json", default="bench-results/soak.json")

@@ -24,6 +24,7 @@ import numpy as np
 from tqdm import tqdm
 
 from audio.wavfile import write_wav
+from voice.bench import positive
 from voice.events import TranscriptPartial
 from voice.models import resolve
 from voice.speechset import RATE, SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
@@ -178,8 +179,8 @@ def _table(stt: dict, tts: dict) -> str:
 def main(config, args, extra: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="specvoice bench speech")
     parser.add_argument("--out", default="bench-results/speech.json", help="JSON results file")
-    parser.add_argument("--sentences", type=int, default=len(SENTENCES), help="how many test sentences (x2 voices)")
-    parser.add_argument("--repeats", type=int, default=5, help="TTS repeats per fragment")
+    parser.add_argument("--sentences", type=positive, default=len(SENTENCES), help="test sentences (x2 voices)")
+    parser.add_argument("--repeats", type=positive, default=5, help="TTS repeats per fragment")
     opts = parser.parse_args(extra)
     started = time.time()
     load = os.getloadavg()[0]

@@ -40,6 +40,7 @@ from audio.turn import (
     TurnSettings,
 )
 from audio.vad import Vad
+from voice.bench import count, positive
 from voice.config import STTConfig
 from voice.models import resolve
 from voice.speechset import (
@@ -416,17 +417,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results/stt_accuracy.json")
     parser.add_argument("--models", default="whisper-tiny.en,whisper-base", help="comma-separated STT models")
     parser.add_argument("--beams", default="1,5", help="comma-separated beam sizes")
-    parser.add_argument("--threads", type=int, default=2, help="STT CPU threads")
+    parser.add_argument("--threads", type=positive, default=2, help="STT CPU threads")
     parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
-    parser.add_argument("--per-voice", type=int, default=0, help="STT: only the first N sentences per voice (0: all)")
+    parser.add_argument("--per-voice", type=count, default=0, help="STT: only the first N sentences per voice (0: all)")
     parser.add_argument("--thresholds", default="0.5,0.7,0.9")
     parser.add_argument("--max-silences", default="1000,1500")
     parser.add_argument("--reasks", default="0,300")
     parser.add_argument(
         "--no-prompt", action="store_true", help="decode the transcript check without audio.turn.TRANSCRIPT_PROMPT"
     )
-    parser.add_argument("--min-silence", type=int, default=200)
-    parser.add_argument("--turn-threads", type=int, default=1, help="Smart Turn onnxruntime threads")
+    parser.add_argument("--min-silence", type=positive, default=200)
+    parser.add_argument("--turn-threads", type=positive, default=1, help="Smart Turn onnxruntime threads")
     parser.add_argument("--skip-stt", action="store_true")
     parser.add_argument("--skip-turn", action="store_true")
     opts = parser.parse_args(argv)
