@@ -301,12 +301,7 @@ class Conversation(ChatHistory):
         if self._busy:
             return False
         self._take_shadow(prefix)
-        for lm in (self._target, self._draft):
-            if lm is not None and common_prefix(lm.ids, prefix) < len(prefix):
-                fed = lm.prefill(prefix, common_prefix(lm.ids, prefix) + chunk)
-                self.warm_tokens += fed if lm is self._target else 0
-                return True
-        return False
+        return self._feed((self._target, self._draft), prefix, chunk)
 
     def _prefill_shadow_chunk(self, chunk: int) -> bool:
         """One chunk of the planned trim's prefill into the shadow caches; False when done or a reply started."""
@@ -314,10 +309,15 @@ class Conversation(ChatHistory):
             return False
         if self._shadow is None:
             self._shadow = self.engine.new_caches()
-        for lm in self._shadow:
-            if lm is not None and common_prefix(lm.ids, self._cut_prefix) < len(self._cut_prefix):
-                fed = lm.prefill(self._cut_prefix, common_prefix(lm.ids, self._cut_prefix) + chunk)
-                self.warm_tokens += fed if lm is self._shadow[0] else 0
+        return self._feed(self._shadow, self._cut_prefix, chunk)
+
+    def _feed(self, caches: tuple[CachedLM, CachedLM | None], ids: list[int], chunk: int) -> bool:
+        """Up to ``chunk`` more of ``ids`` into the first of ``caches`` (target, draft) that lacks them; False
+        when both hold them all."""
+        for lm in caches:
+            if lm is not None and (have := common_prefix(lm.ids, ids)) < len(ids):
+                fed = lm.prefill(ids, have + chunk)
+                self.warm_tokens += fed if lm is caches[0] else 0
                 return True
         return False
 

@@ -135,9 +135,15 @@ async def test_spoken_question_gets_a_spoken_answer(assistant, speech):
     rec, sink, session, mic = open_session(assistant)
     await mic.play(speech("What is the capital of France, and when is the best time of the year to go there?"))
     await mic.silence(1.3)  # room for the longest end-of-turn wait (turn.max_silence_ms)
-    done = await rec.turn_done()
-    assert done is not None and not done.interrupted
-    assert "capital" in done.transcript.lower() and "france" in done.transcript.lower()
+    done = await rec.wait_for(
+        lambda e: isinstance(e, TurnError) or (isinstance(e, TurnDone) and not e.trace.get("handed_over"))
+    )
+    # piper pauses at the comma, after a complete question: Smart Turn may end the turn there (p 0.99 in a
+    # fresh-clone run), and the rest of the sentence then hands that turn over (Turn.hand_over): one answer to
+    # the whole question either way, and no other turn
+    assert all(d.trace.get("handed_over") for d in rec.of(TurnDone) if d is not done), rec.of(TurnDone)
+    assert isinstance(done, TurnDone) and not done.interrupted, done
+    assert all(w in done.transcript.lower() for w in ("capital", "france", "time")), done.transcript
     assert rec.of(TranscriptPartial), "partial transcripts while speaking"
     assert done.reply.strip()
     answer = transcribe(assistant, sink.audio, assistant.tts_sample_rate)
