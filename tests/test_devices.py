@@ -23,7 +23,7 @@ from voice.models import resolve
 from voice.stt import SpeechToText
 from voice.tts import TextToSpeech
 
-from speech import wer
+from speech import spoken_as
 
 LATENCY = 0.25  # device buffering: enough for a busy shared 2-core test machine (load 8) not to underflow
 CLOCKS = 0.15  # how closely the capture and playback streams' timestamps agree through PulseAudio
@@ -133,7 +133,7 @@ async def test_speaker_to_microphone_round_trip_transcribes_back(pulse, voice, s
     audio = np.concatenate([c.samples for c in chunks])
     stt = SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt)
     heard = await stt.transcribe(audio)
-    assert wer(text, heard) <= 1 / len(text.split()), heard  # piper varies run to run: one word may slip
+    assert spoken_as(text, heard), heard
     # both sides stamp samples on time.monotonic(): the sentence is heard when the sink's reference ring says
     # it was played, and for as long
     t0 = sink.first_audible_t

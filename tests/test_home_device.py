@@ -30,7 +30,7 @@ from voice.models import resolve
 from voice.stt import SpeechToText
 
 from broker import Broker, free_port
-from speech import RATE, piper, wer
+from speech import RATE, piper, spoken_as, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "specvoice"
@@ -310,7 +310,7 @@ async def test_mqtt_say_is_spoken_on_the_speaker(device, stt):
         spoken = json.loads(device.wait_for("spoken", after=before, timeout=120))
     assert spoken["text"] == text and spoken["audio_s"] > 1
     heard = await stt.transcribe(recording.samples)
-    assert wer(text, heard) <= 1 / len(text.split()), heard  # piper varies run to run: one word may slip
+    assert spoken_as(text, heard), heard
 
 
 async def test_mqtt_ask_is_answered_aloud_and_on_the_answer_topic(device, stt):
@@ -365,4 +365,4 @@ async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
         wake_device.publish("say", text)
         wake_device.wait_for("spoken", after=before, timeout=120)
     heard = await stt.transcribe(recording.samples)
-    assert wer(text, heard) <= 1 / len(text.split()), heard
+    assert spoken_as(text, heard), heard

@@ -12,7 +12,7 @@ from voice.models import ModelError, Resolved, resolve
 from voice.stt import SpeechToText
 from voice.tts import TextToSpeech
 
-from speech import wer
+from speech import spoken_as, wer
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +38,7 @@ async def test_round_trip_piper_to_whisper_gives_the_same_words(tts, small_confi
         pcm += [c async for c in tts.stream(fragment)]
     heard = await stt.transcribe(resample(np.concatenate(pcm), tts.sample_rate, 16000))
     # piper varies its delivery run to run (noise scales): allow one misheard word of the twelve
-    assert wer(text, heard) <= 1 / 12, heard
+    assert spoken_as(text, heard), heard
 
 
 async def test_closing_the_stream_stops_synthesis_before_the_next_sentence(tts):
