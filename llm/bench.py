@@ -9,9 +9,13 @@ Two speeds per method: decode-phase tokens/s (tokens after the first / time from
 and time to first token, reported apart: prefill is the same work for every method, and folding it into
 tokens/s hides the decode-phase gain that speculation is for.
 
-Methods: the target alone (our loop, and transformers `generate`), transformers assisted generation (its
-default and fixed draft lengths, with the plain bf16 draft as a transformers user would run it), and our
-decoder (fixed k, adaptive k, confidence stop, token trees, n-gram). Greedy, chat template.
+Methods: the target alone (our loop), ``ours default`` (the config's engine and draft settings, as the product
+runs them), and the peer a user of that engine already has: on llama.cpp, ``llama.cpp target alone`` (llama.cpp's
+own generation loop through llama-cpp-python's high-level API, same GGUF, same threads); on torch, transformers
+`generate` and assisted generation (its default and fixed draft lengths, with the plain bf16 draft as a
+transformers user would run it). Then our decoder's variants (fixed k, adaptive k, confidence stop, token trees
+on torch, n-gram). Greedy, chat template. On llama.cpp the engine's calibration (which drafter pays on this
+device, from measured pass costs) is printed and saved.
 Prints a table, writes JSON (default bench-results/llm.json). ``--conversation N`` runs the long-conversation
 benchmark instead (bench_soak.py).
 """
@@ -24,6 +28,7 @@ import json
 import os
 import resource
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,8 +36,9 @@ from typing import Any
 import torch
 from tqdm import tqdm
 
-from llm.cache import CachedLM
+from llm.bench_peers import LlamaCppAlone, hf_generate
 from llm.engine import DecodeSettings, Engine
+from llm.load import load_engine
 from llm.models import load_causal_lm
 from llm.prompts import SYSTEM
 from llm.vocab import coverage
@@ -48,6 +54,8 @@ PROMPTS = [
     "Give me a quick idea for dinner tonight.",
 ]
 BASE = "target alone (ours)"
+DEFAULT = "ours default"
+LLAMA_CPP_ALONE = "llama.cpp target alone"
 
 
 @dataclass
@@ -63,6 +71,8 @@ class Result:
     verify_calls: int = 0
     verify_tokens: int = 0
     peak_rss_gib: float = 0.0
+    rss_gib: float = 0.0  # the process's resident memory after this method's runs (highest seen)
+    draft_lengths: Counter[int] = field(default_factory=Counter)  # how often each k was drafted (verify steps)
     identical: list[bool] = field(default_factory=list)
 
     @property
@@ -81,52 +91,17 @@ class Result:
             "mean_accepted_length": round(self.verify_tokens / self.verify_calls, 3) if self.verify_calls else None,
             "ttft_ms": round(1000 * sum(self.ttft) / len(self.ttft), 1) if self.ttft else None,
             "peak_rss_gib": round(self.peak_rss_gib, 2),
+            "rss_gib": round(self.rss_gib, 2),
+            "draft_lengths": {str(k): n for k, n in sorted(self.draft_lengths.items())},
             "identical": "".join("y" if s else "n" for s in self.identical),
             "new_tokens": sum(len(t) for t in self.tokens),
             "decode_s": round(self.decode_s, 2),
         }
 
 
-class _TokenTimer:
-    """A transformers streamer noting when the first generated tokens arrive and how many came at once (its
-    first put() is the prompt)."""
-
-    def __init__(self) -> None:
-        self.calls = 0
-        self.first: float | None = None
-        self.first_count = 0
-
-    def put(self, value: torch.Tensor) -> None:
-        self.calls += 1
-        if self.calls == 2:
-            self.first, self.first_count = time.monotonic(), int(value.numel())
-
-    def end(self) -> None:
-        pass
-
-
-def _hf_generate(
-    model, prompt: list[int], max_new: int, stop_ids: set[int], **kwargs: Any
-) -> tuple[list[int], float, float, int]:
-    """(tokens, ttft, decode seconds, decode tokens) of one transformers generate call."""
-    timer = _TokenTimer()
-    ids = torch.tensor([prompt], device=model.device)
-    start = time.monotonic()
-    with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=max_new,
-            do_sample=False,
-            eos_token_id=sorted(stop_ids),
-            pad_token_id=sorted(stop_ids)[0],
-            streamer=timer,
-            **kwargs,
-        )
-    end = time.monotonic()
-    tokens = out[0, len(prompt) :].tolist()
-    first = timer.first or end
-    return tokens, first - start, end - first, max(len(tokens) - timer.first_count, 0)
+def _rss_gib() -> float:
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**30
 
 
 def _positive_ints(text: str) -> list[int]:
@@ -184,10 +159,15 @@ def _parser(settings: dict[str, Any]) -> argparse.ArgumentParser:
     return p
 
 
-def _methods(args, draft: str | None, hf_draft, settings: dict[str, Any]) -> list[tuple[str, Any]]:
+def _methods(args, engine: Engine, hf_draft, settings: dict[str, Any]) -> list[tuple[str, Any]]:
     n, max_k = args.max_new_tokens, int(settings.get("max_draft_length", 6))
+    llama = settings.get("engine") == "llama.cpp"
     methods: list[tuple[str, Any]] = [(BASE, DecodeSettings(mode="target", max_new_tokens=n))]
-    if not args.no_hf:
+    methods.append((DEFAULT, DecodeSettings.from_config(settings).but(max_new_tokens=n)))
+    if llama:
+        threads = int(engine.info.get("threads", 1))
+        methods.append((LLAMA_CPP_ALONE, LlamaCppAlone(engine.info["target"], threads, engine.context_limit)))
+    elif not args.no_hf:
         methods.append(("target alone (transformers generate)", {}))
     if hf_draft is not None:
         methods.append(("transformers assisted (default)", {"assistant_model": hf_draft}))
@@ -203,9 +183,10 @@ def _methods(args, draft: str | None, hf_draft, settings: dict[str, Any]) -> lis
                     },
                 )
             )
-    if draft:
+    if engine.draft_model is not None:
         for k in args.ks:
             methods.append((f"ours draft k={k}", DecodeSettings(mode="draft", draft_length=k, max_new_tokens=n)))
+    if engine.draft_model is not None and not llama:  # on llama.cpp these are "ours default" (the engine decides)
         methods.append(
             (
                 "ours draft adaptive",
@@ -227,10 +208,12 @@ def _methods(args, draft: str | None, hf_draft, settings: dict[str, Any]) -> lis
                     )
                 )
     methods.append(("ours n-gram k=3", DecodeSettings(mode="ngram", draft_length=3, max_new_tokens=n)))
+    methods.append(("ours n-gram adaptive", DecodeSettings(mode="ngram", draft_length="adaptive", max_new_tokens=n)))
     if args.only:
         wanted = {w.strip() for w in args.only.split(",")}
         methods = [m for m in methods if m[0] in wanted or m[0] == BASE]
-    return methods
+    names = [name for name, _ in methods]
+    return [m for i, m in enumerate(methods) if m[0] not in names[:i]]  # a name once (the default may be a variant)
 
 
 def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, caches=None) -> None:
@@ -244,13 +227,20 @@ def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, c
         res.rejections += sum(1 for d, a in zip(stats.draft_lengths, stats.accepted_lengths, strict=False) if a < d)
         res.verify_calls += max(stats.target_calls - 1, 0)
         res.verify_tokens += max(stats.new_tokens - 1, 0)
+        res.draft_lengths.update(stats.draft_lengths)
     else:
-        tokens, ttft, decode_s, decode_tokens = _hf_generate(engine.target_model, prompt, n, engine.stop_ids, **how)
+        if isinstance(how, LlamaCppAlone):
+            tokens, ttft, decode_s, decode_tokens = how.run(prompt, n, engine.stop_ids)
+        else:
+            tokens, ttft, decode_s, decode_tokens = hf_generate(engine.target_model, prompt, n, engine.stop_ids, **how)
         res.ttft.append(ttft)
         res.decode_tokens += decode_tokens
         res.decode_s += decode_s
+        res.verify_calls += decode_tokens  # one target pass per token
+        res.verify_tokens += decode_tokens
     res.tokens.append(tokens)
     res.peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    res.rss_gib = max(res.rss_gib, _rss_gib())
 
 
 def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str, Any]) -> int:
@@ -275,15 +265,19 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
         )
     load_before = list(os.getloadavg())
     started = time.time()
-    engine = Engine.from_config(target, draft, {**settings, "mode": "draft" if draft else "ngram"})
+    settings = {**settings, "mode": settings.get("mode", "draft") if draft else "ngram"}
+    engine = load_engine(target, draft, settings, keep_draft=True)  # the fixed-k draft methods run too
+    calibration = engine.info.get("calibration")
+    if calibration:
+        print(f"calibration on this device: {json.dumps(calibration)}")
     hf_draft = None
-    if draft and not args.no_hf:
+    if draft and not args.no_hf and settings.get("engine") != "llama.cpp":
         hf_draft, _ = load_causal_lm(
             draft, device=settings.get("device", "cpu"), dtype=settings.get("dtype", "bfloat16")
         )
     conv = engine.conversation(SYSTEM)
     prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": text}]) for text in PROMPTS[: args.prompts]]
-    methods = _methods(args, draft, hf_draft, settings)
+    methods = _methods(args, engine, hf_draft, settings)
     results = {name: Result(name) for name, _ in methods}
     engine.decode(prompts[0], DecodeSettings(mode="target", max_new_tokens=4))  # first-call overheads, off the clock
     with tqdm(total=args.rounds * len(prompts) * len(methods), desc="bench llm", unit="run", disable=None) as bar:
@@ -303,6 +297,7 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
     rows = [r.row(base, best_hf.decode_tokens_per_s if best_hf else None) for r in results.values()]
     _print_table(rows)
     summary = _summary(rows, best_hf.name if best_hf else None)
+    summary.update(_default_summary(rows, calibration))
     head = _head_coverage(engine, reference)
     if head:
         summary["draft_head"] = head
@@ -371,6 +366,26 @@ def _summary(rows: list[dict[str, Any]], best_hf: str | None) -> dict[str, Any]:
     return summary
 
 
+def _default_summary(rows: list[dict[str, Any]], calibration: dict[str, Any] | None) -> dict[str, Any]:
+    """``ours default`` against the target alone (same engine) and llama.cpp's own loop, and what it drafted."""
+    by = {r["method"]: r for r in rows}
+    default = by.get(DEFAULT)
+    if default is None:
+        return {}
+    out: dict[str, Any] = {"default_draft_lengths": default["draft_lengths"]}
+    line = f"ours default: {default['decode_tokens_per_s']:.2f} tok/s"
+    for name, key in ((BASE, "default_vs_target_alone"), (LLAMA_CPP_ALONE, "default_vs_llama_cpp_alone")):
+        if name in by and by[name]["decode_tokens_per_s"]:
+            out[key] = round(default["decode_tokens_per_s"] / by[name]["decode_tokens_per_s"], 3)
+            out[key.replace("vs", "ttft_vs")] = round(default["ttft_ms"] / by[name]["ttft_ms"], 3)
+            line += f", {out[key]:.2f}x {name} (ttft {default['ttft_ms']:.0f} vs {by[name]['ttft_ms']:.0f} ms)"
+    if calibration:
+        out["drafter"] = calibration.get("drafter")
+        line += f"; drafter: {calibration.get('drafter')}, k drafted per step: {default['draft_lengths'] or '-'}"
+    print(line)
+    return out
+
+
 def _head_coverage(engine: Engine, replies: list[list[int]]) -> dict[str, Any] | None:
     head = engine.info.get("draft_head")
     if engine.draft_out_ids is None or not head:
@@ -390,7 +405,7 @@ def _divergences(engine: Engine, prompts: list[list[int]], results: dict[str, Re
             if pos is None:
                 continue
             with engine.lock:
-                logits = CachedLM(engine.target_model).logits(prompts[i % len(prompts)] + ref[:pos])[-1]
+                logits = engine.new_caches()[0].logits(prompts[i % len(prompts)] + ref[:pos])[-1]
             top = torch.topk(logits, 2).values
             out.append(
                 {
@@ -444,7 +459,7 @@ def _print_table(rows: list[dict[str, Any]]) -> None:
         ("alpha", 6, "alpha"),
         ("mean_accepted_length", 8, "mean acc"),
         ("ttft_ms", 8, "ttft ms"),
-        ("peak_rss_gib", 7, "RSS GiB"),
+        ("rss_gib", 7, "RSS GiB"),
         ("identical", 17, "identical"),
     ]
     print("  ".join(h.ljust(w) if i == 0 else h.rjust(w) for i, (_, w, h) in enumerate(cols)))

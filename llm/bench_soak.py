@@ -21,6 +21,7 @@ from typing import Any
 from tqdm import tqdm
 
 from llm.engine import Engine
+from llm.load import load_engine
 from llm.prompts import COUNT_PROMPTS, HELD_OUT, SYSTEM
 
 
@@ -116,7 +117,7 @@ def run(
 ) -> int:
     started = time.time()
     mode = settings.get("mode", "draft") if draft else "ngram"
-    engine = Engine.from_config(target, draft, {**settings, "mode": mode})
+    engine = load_engine(target, draft, {**settings, "mode": mode})
     records = asyncio.run(
         converse(
             engine, turns, max_new_tokens=max_new_tokens, history_tokens=history_tokens, trim_to=trim_to, warm=warm

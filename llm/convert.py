@@ -21,7 +21,10 @@ def convert_gguf(gguf_path: Path, out_dir: Path, dtype: torch.dtype = torch.bflo
     gguf_path = Path(gguf_path)
     folder, name = str(gguf_path.parent), gguf_path.name
     log.info("converting gguf", extra={"file": str(gguf_path)})
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
+    # a prepared GGUF folder holds the tokenizer saved beside it; read from there, because transformers drops the
+    # GGUF's chat template when it reads the tokenizer from a GGUF whose folder also holds tokenizer files
+    saved = (gguf_path.parent / "tokenizer_config.json").exists()
+    tokenizer = AutoTokenizer.from_pretrained(folder, **({} if saved else {"gguf_file": name}))
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, torch_dtype=dtype, low_cpu_mem_usage=True)
     # save_pretrained refuses a model that still believes it is quantized
     setattr(model, "hf_quantizer", None)  # noqa: B010 - an attribute its type hints do not allow None for

@@ -3,8 +3,9 @@
 - ``Engine`` owns the models, one worker thread for all model compute (so steps of different conversations
   are serialised and the event loop never blocks), and the draft-length policy (costs are per device).
 - ``Conversation`` (conversation.py) owns one chat: its messages and its own KV caches for both models.
-- The config's llm section maps to load arguments in one place (``Engine.from_config``) and to decode
-  settings in one place (``DecodeSettings.from_config``).
+- The config's llm section maps to load arguments in one place per engine (``from_config``; ``llm.load`` picks
+  the engine: this torch one, or llama.cpp's in llamacpp_engine.py) and to decode settings in one place
+  (``DecodeSettings.from_config``).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import torch
 
-from llm.cache import CachedLM, head_rows
+from llm.cache import CachedLM, TorchCachedLM, head_rows
 from llm.models import (
     align_draft_head,
     check_compatible,
@@ -48,6 +49,11 @@ TargetQuantize = Literal["none", "int4"]
 Compile = Literal["off", "draft", "both"]
 
 
+# per-token acceptance before any is measured: the embedded 0.5B draft's (bench llm: 0.66-0.70), and the n-gram
+# lookup's on conversational replies (bench llm: 0.32 at k=3); the policy learns the live value from there
+PRIOR_ALPHA = {"draft": 0.7, "ngram": 0.4}
+
+
 class ContextLimitError(ValueError):
     """The prompt does not fit the context limit."""
 
@@ -74,25 +80,35 @@ class Engine:
         a preallocated cache of that many positions)."""
         if mode == "draft" and draft_model is None:
             raise ValueError("mode 'draft' needs a draft model; fix: give one, or use mode 'ngram' or 'target'")
-        self.target_model, self.draft_model, self.tokenizer = target_model, draft_model, tokenizer
-        self.mode = mode
-        self.context_limit = context_limit
+        self.target_model, self.draft_model = target_model, draft_model
         self.vocab_size = head_rows(target_model)
         self.draft_out_ids = draft_out_ids
         if draft_model is not None:
             self.draft_out_ids = align_draft_head(target_model, draft_model, tokenizer, draft_out_ids)
-        self.settings = settings or DecodeSettings(mode=mode)
-        self.stop_ids = _stop_ids(tokenizer, target_model)
-        self.lock = threading.Lock()  # held around every use of the models and of a conversation's caches
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-llm")
-        # one policy per proposer kind, as their costs and acceptance differ; shared by all conversations
-        self.policies = {m: DraftLengthPolicy(max_k=self.settings.max_draft_length) for m in ("draft", "ngram")}
-        self.info: dict[str, Any] = {}  # how the models were prepared (quantization, head), for benchmarks
+        self._setup(tokenizer, mode, context_limit, settings, _stop_ids(tokenizer, target_model))
         self.static_cache = static_cache
         compiled = {"off": [], "draft": [draft_model], "both": [draft_model, target_model]}[compile]
         self._step_forward = {
             id(m): torch.compile(m.forward, mode=compile_mode, dynamic=False) for m in compiled if m is not None
         }
+
+    def _setup(
+        self, tokenizer: Any, mode: Mode, context_limit: int, settings: DecodeSettings | None, stop_ids: set[int]
+    ) -> None:
+        """What every engine has, whatever runs its models."""
+        self.tokenizer, self.mode, self.context_limit = tokenizer, mode, context_limit
+        self.settings = settings or DecodeSettings(mode=mode)
+        self.stop_ids = stop_ids
+        self.lock = threading.Lock()  # held around every use of the models and of a conversation's caches
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-llm")
+        # one policy per proposer kind, as their costs and acceptance differ; shared by all conversations
+        self.policies = {
+            m: DraftLengthPolicy(max_k=self.settings.max_draft_length, prior_alpha=PRIOR_ALPHA[m])
+            for m in ("draft", "ngram")
+        }
+        self.info: dict[str, Any] = {}  # how the models were prepared (quantization, head), for benchmarks
+        # what a "draft" request drafts with: the draft model, or (where it cannot pay) the n-gram lookup
+        self.drafter: Mode = "draft"
 
     @classmethod
     def load(
@@ -161,8 +177,9 @@ class Engine:
         return engine
 
     @classmethod
-    def from_config(cls, target: str, draft: str | None, llm: dict[str, Any]) -> Engine:
-        """Load from the config's llm section (as a dict): the one place its keys become load arguments."""
+    def from_config(cls, target: str, draft: str | None, llm: dict[str, Any], *, keep_draft: bool = False) -> Engine:
+        """Load from the config's llm section (as a dict): the one place its keys become load arguments (for
+        this engine; ``llm.load.load_engine`` picks the engine). keep_draft: see LlamaCppEngine.calibrate."""
         mode = llm.get("mode", "draft")
         return cls.load(
             target,
@@ -191,7 +208,7 @@ class Engine:
     def new_caches(self) -> tuple[CachedLM, CachedLM | None]:
         real = len(self.tokenizer)
         static = self.static_cache and min(self.static_cache, self.context_limit)
-        target = CachedLM(
+        target = TorchCachedLM(
             self.target_model,
             real_vocab=real if self.vocab_size > real else None,
             static_len=static,
@@ -201,7 +218,7 @@ class Engine:
         draft = None
         if self.draft_model is not None:
             padded = self.draft_out_ids is None and head_rows(self.draft_model) > real
-            draft = CachedLM(
+            draft = TorchCachedLM(
                 self.draft_model,
                 out_ids=self.draft_out_ids,
                 vocab_size=self.vocab_size,
@@ -237,11 +254,14 @@ class Engine:
         self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
     ) -> Generation:
         mode = settings.mode
-        if mode == "draft" and draft is None:
+        if mode == "draft" and draft is None and (self.drafter == "draft" or isinstance(settings.draft_length, int)):
             raise ValueError(
                 "mode 'draft' needs a draft model, and this engine was loaded without one; "
                 "fix: use mode 'ngram' or 'target', or load the engine with a draft"
             )
+        if mode == "draft" and self.drafter != "draft" and settings.draft_length in ("adaptive", "confidence"):
+            # the draft model cannot pay here; the n-gram lookup has no confidence to stop on: its length is adaptive
+            mode, settings = self.drafter, settings.but(mode=self.drafter, draft_length="adaptive")
         proposer: Proposer | None = None
         if mode == "draft":
             assert draft is not None

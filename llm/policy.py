@@ -6,7 +6,9 @@ m tokens. Costs are measured per device and shared by a whole Engine.
 Adaptive k: drafting k gives E(k) = 1 + alpha + ... + alpha^k tokens per target pass at a cost of
 k * t_d + t_v(k+1); pick the k in 0..max_k with the highest E(k) / cost(k). alpha is accepted / (accepted +
 rejections) over a decaying window (the maximum-likelihood estimate for a geometric run length); t_d and t_v(m)
-are moving averages (an unmeasured m takes the nearest measured one: the verify-cost curve is flat on a CPU).
+are moving averages (an unmeasured m takes the nearest measured one, or past the longest one the slope of the
+last two: flat where verification is memory-bound, as with bf16 weights, steep where 4-bit weights make a CPU
+compute-bound).
 Every 16th step tries a neighbour of the best k, so the curve stays measured.
 
 Confidence stop: one alpha for all tokens wastes draft steps on hard stretches and stops easy ones too early.
@@ -68,9 +70,16 @@ class DraftLengthPolicy:
         return self.calib_hits / max(self.calib_conf, 1e-9)
 
     def _verify_cost(self, m: int) -> float:
+        """t_v(m): measured, else the nearest measured one; past the longest measured pass, extended along the
+        slope of the last two (flat where verification is memory-bound, steep where it is compute-bound)."""
         if not self.verify_s:
             return 1.0
-        nearest = min(self.verify_s, key=lambda known: (abs(known - m), known))
+        known = sorted(self.verify_s)
+        if m > known[-1] and len(known) >= 2:
+            a, b = known[-2], known[-1]
+            slope = max(0.0, (self.verify_s[b] - self.verify_s[a]) / (b - a))
+            return self.verify_s[b] + slope * (m - b)
+        nearest = min(known, key=lambda k: (abs(k - m), k))
         return self.verify_s[nearest]
 
     def _draft_cost(self) -> float:

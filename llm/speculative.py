@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from llm.cache import CachedLM
+from llm.cache import CachedLM, TorchCachedLM
 from llm.policy import DraftLengthPolicy
 from llm.proposers import Proposal, Proposer
 from llm.sampling import draw, is_greedy, probabilities, uniform
@@ -46,27 +46,32 @@ def verify(
     Returns (tokens to commit, number of drafts accepted). The committed tokens are the accepted drafts and
     then either the correction at the first rejection, or a bonus token from the last distribution.
     """
+    if greedy:
+        return verify_greedy(drafts, [int(i) for i in p.numpy().argmax(-1)])
     out: list[int] = []
     for i, d in enumerate(drafts):
-        if greedy:
-            ok = d == int(p[i].argmax())
-        else:
-            qd = 1.0 if q is None else float(q[i, d])
-            ok = uniform(generator) < min(1.0, float(p[i, d]) / qd)
-        if ok:
+        qd = 1.0 if q is None else float(q[i, d])
+        if uniform(generator) < min(1.0, float(p[i, d]) / qd):
             out.append(d)
             continue
-        if greedy:
-            out.append(int(p[i].argmax()))
-        else:
-            drafted = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([d]), 1.0) if q is None else q[i]
-            residual = torch.clamp(p[i] - drafted, min=0.0)
-            total = residual.sum()
-            # total is 0 only if p == q up to rounding, where rejection had probability ~0: fall back to p
-            out.append(draw(residual / total if total > 0 else p[i], generator))
+        drafted = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([d]), 1.0) if q is None else q[i]
+        residual = torch.clamp(p[i] - drafted, min=0.0)
+        total = residual.sum()
+        # total is 0 only if p == q up to rounding, where rejection had probability ~0: fall back to p
+        out.append(draw(residual / total if total > 0 else p[i], generator))
         return out, i
     out.append(draw(p[len(drafts)], generator))
     return out, len(drafts)
+
+
+def verify_greedy(drafts: list[int], choices: list[int]) -> tuple[list[int], int]:
+    """The acceptance rule at temperature 0, where p is one-hot on the target's own choice at each position
+    (``choices``, one more than drafts): a draft is kept while it is that choice; the choice at the first
+    mismatch (or after the last draft) is committed with them. Same return as ``verify``."""
+    for i, d in enumerate(drafts):
+        if d != choices[i]:
+            return drafts[:i] + [choices[i]], i
+    return drafts + [choices[len(drafts)]], len(drafts)
 
 
 @dataclass
@@ -118,6 +123,8 @@ class Generation:
                 self.target.prefill(self.seq, held + self.prefill_chunk)
                 return []
             # the first token: the target's (last) prefill chunk alone, the draft catches up later
+            if self.params.greedy:
+                return self._commit(self.target.greedy(self.seq)[-1:], 0, 0, 1)
             p = self.params.probs(self.target.logits(self.seq))
             return self._commit([draw(p[-1], self.generator)], 0, 0, 1)
         catch_up = getattr(self.proposer, "catch_up", None)
@@ -138,6 +145,8 @@ class Generation:
         start = time.perf_counter()
         sibling_hit = None
         if any(siblings):  # a token tree: one pass over all nodes, then keep the accepted path's cache only
+            if not isinstance(self.target, TorchCachedLM):
+                raise NotImplementedError("token trees run on the torch engine only; fix: set llm.tree = false")
             nodes, parents = proposal.tree(k)
             p = self.params.probs(tree_logits(self.target, self.seq, nodes, parents))
             committed, path = verify_tree(drafts, proposal.q, siblings, p, self.params.greedy, self.generator)
@@ -147,9 +156,12 @@ class Generation:
             if chain < len(siblings) and siblings[chain]:
                 sibling_hit = accepted > chain
             fed, chain_accepted = len(nodes) + 1, chain
+        elif self.params.greedy:  # the target's choices alone: no distribution over the vocabulary is built
+            committed, accepted = verify_greedy(drafts, self.target.greedy(self.seq, drafts))
+            fed, chain_accepted = len(drafts) + 1, accepted
         else:
             p = self.params.probs(self.target.logits(self.seq, drafts))
-            committed, accepted = verify(drafts, proposal.q, p, self.params.greedy, self.generator)
+            committed, accepted = verify(drafts, proposal.q, p, False, self.generator)
             fed, chain_accepted = len(drafts) + 1, accepted
         if self.proposer is not None:
             self.policy.update(

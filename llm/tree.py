@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from llm.cache import CachedLM, common_prefix
+from llm.cache import TorchCachedLM, common_prefix
 from llm.sampling import draw, uniform
 
 
@@ -36,7 +36,7 @@ def token_tree(chain: list[int], siblings: list[list[int]], k: int) -> tuple[lis
     return tokens, parents
 
 
-def tree_logits(lm: CachedLM, seq: list[int], tokens: list[int], parents: list[int]) -> torch.Tensor:
+def tree_logits(lm: TorchCachedLM, seq: list[int], tokens: list[int], parents: list[int]) -> torch.Tensor:
     """Logits [len(tokens)+1, V]: row 0 after seq, row 1+j after node j of a token tree, in ONE pass.
 
     Node j continues parents[j] (-1: the last token of seq). Each node attends to the cache, the fed part of
@@ -75,7 +75,7 @@ def tree_logits(lm: CachedLM, seq: list[int], tokens: list[int], parents: list[i
     return out
 
 
-def keep_path(lm: CachedLM, tokens: list[int], path: list[int]) -> None:
+def keep_path(lm: TorchCachedLM, tokens: list[int], path: list[int]) -> None:
     """After ``tree_logits``: keep seq + the nodes in path (increasing node indices), drop the other nodes, so
     the cache is exactly the one a chain pass over the accepted tokens would have left."""
     base = len(lm.ids)

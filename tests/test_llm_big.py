@@ -54,7 +54,7 @@ def test_shipped_pair_acceptance_floor():
     prompts is not reached yet."""
     target, draft = pair()
     llm = load_config("configs/default.toml", environ={}).llm.model_dump()
-    engine = Engine.from_config(target, draft, {**llm, "context_limit": 2048})
+    engine = Engine.from_config(target, draft, {**llm, "engine": "torch", "context_limit": 2048})
     accepted = rejections = 0
     for text in HELD_OUT[:12]:
         prompt = chat_prompt(engine.tokenizer, text, SYSTEM)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm.cache import CachedLM, common_prefix
+from llm.cache import TorchCachedLM, common_prefix
 from llm.engine import DecodeSettings, Engine
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer
@@ -22,7 +22,7 @@ GREEDY = SamplingParams()
 
 
 def run(target_model, proposer, prompt, n, k=3, stop_ids=frozenset(), target=None, check_cache=False):
-    target = target or CachedLM(target_model)
+    target = target or TorchCachedLM(target_model)
     gen = Generation(target, proposer, prompt, GREEDY, n, set(stop_ids), DraftLengthPolicy(fixed=k, max_k=k))
     while not gen.done:
         gen.step()
@@ -78,16 +78,15 @@ def test_tiny_draft_models_give_target_output():
     reference = run(target, None, prompt, 30).new_tokens
     for k in (1, 2, 4):
         # a different random model: mostly rejected; the target itself as draft: everything accepted
-        gen = run(target, DraftModelProposer(CachedLM(other)), prompt, 30, k=k, check_cache=True)
+        gen = run(target, DraftModelProposer(TorchCachedLM(other)), prompt, 30, k=k, check_cache=True)
         assert gen.new_tokens == reference
-        same = run(target, DraftModelProposer(CachedLM(target)), prompt, 30, k=k)
+        same = run(target, DraftModelProposer(TorchCachedLM(target)), prompt, 30, k=k)
         assert same.new_tokens == reference
         assert all(r.accepted == r.drafted for r in same.records)
     qwen_like = tiny_model(seed=3, arch="qwen2")
     ref_q = run(qwen_like, None, prompt, 20).new_tokens
-    assert (
-        run(qwen_like, DraftModelProposer(CachedLM(tiny_model(seed=4, arch="qwen2"))), prompt, 20).new_tokens == ref_q
-    )
+    other = DraftModelProposer(TorchCachedLM(tiny_model(seed=4, arch="qwen2")))
+    assert run(qwen_like, other, prompt, 20).new_tokens == ref_q
 
 
 def test_stop_token_and_length_limit_end_like_the_target():
@@ -115,7 +114,7 @@ def test_ngram_proposer_finds_the_latest_match():
 def test_cache_reuse_and_rollback_across_replies():
     """A kept cache (prefix reuse, rolled back after rejections) gives the same output as a fresh one."""
     target, other = tiny_model(seed=1), tiny_model(seed=2)
-    t_cache, d_cache = CachedLM(target), CachedLM(other)
+    t_cache, d_cache = TorchCachedLM(target), TorchCachedLM(other)
     turn1 = [3, 1, 4, 1, 5]
     first = run(target, DraftModelProposer(d_cache), turn1, 12, target=t_cache).new_tokens
     turn2 = turn1 + first[:5] + [7, 7, 2]  # the history keeps part of the reply, then a new user turn

@@ -7,7 +7,7 @@ from __future__ import annotations
 import copy
 from collections import Counter
 
-from llm.cache import CachedLM
+from llm.cache import TorchCachedLM
 from llm.engine import DecodeSettings, Engine
 from llm.models import reduce_vocab_head
 from llm.policy import DraftLengthPolicy
@@ -75,7 +75,7 @@ def test_confidence_stop_drafts_long_on_easy_stretches_and_stays_exact():
     follow, and the output is the target's."""
     target = tiny_model(seed=1)
     prompt, n = [3, 1, 4, 1, 5], 40
-    lm = CachedLM(target)
+    lm = TorchCachedLM(target)
     ref = Generation(lm, None, prompt, SamplingParams(), n, set(), DraftLengthPolicy(fixed=1, max_k=1))
     while not ref.done:
         ref.step()
@@ -98,7 +98,7 @@ def test_confidence_stop_drafts_long_on_easy_stretches_and_stays_exact():
     draft = Sure(len(prompt), lambda j: reference[j] if j < n and right(j) else (reference[min(j, n - 1)] + 1) % 32)
     policy = DraftLengthPolicy(max_k=8, confidence=True)
     policy.draft_s, policy.verify_s = 0.01, {m: 0.3 for m in range(1, 10)}
-    gen = Generation(CachedLM(target), draft, prompt, SamplingParams(), n, set(), policy)
+    gen = Generation(TorchCachedLM(target), draft, prompt, SamplingParams(), n, set(), policy)
     while not gen.done:
         gen.step()
     assert gen.new_tokens == reference

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm.cache import CachedLM
+from llm.cache import TorchCachedLM
 from llm.engine import DecodeSettings, Engine
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer
@@ -66,7 +66,7 @@ def sample(target, make_proposer, params, seed=0, k=2):
 
     Token 1 comes from the target's prefill; tokens 2 and 3 come from one step that drafts k = 2 tokens."""
     generator = torch.Generator().manual_seed(seed)
-    t_cache = CachedLM(target)
+    t_cache = TorchCachedLM(target)
     first = torch.zeros(VOCAB)
     pairs = torch.zeros(VOCAB * VOCAB)
     proposer = make_proposer()
@@ -102,7 +102,7 @@ def test_speculative_sampling_follows_the_target_distribution(pair, case):
     target, draft = pair
     params, kind = CASES[case]
     make = {
-        "draft": lambda: DraftModelProposer(CachedLM(draft)),
+        "draft": lambda: DraftModelProposer(TorchCachedLM(draft)),
         "scripted": lambda: ScriptedDraft(len(PROMPT), lambda j: (3, 0, 4)[j % 3]),
         "ngram": lambda: NgramProposer(max_n=2),
     }[kind]
@@ -150,8 +150,8 @@ def test_seeded_runs_are_reproducible():
 
     def once(seed):
         gen = Generation(
-            CachedLM(target),
-            DraftModelProposer(CachedLM(draft)),
+            TorchCachedLM(target),
+            DraftModelProposer(TorchCachedLM(draft)),
             PROMPT,
             params,
             12,

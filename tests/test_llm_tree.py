@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from llm.cache import CachedLM
+from llm.cache import TorchCachedLM
 from llm.engine import DecodeSettings, _stop_ids
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, Proposal
@@ -62,7 +62,7 @@ def expected_accepted(where, k):
 
 def chain_cache(model, ids):
     """The cache a plain chain decode of ids leaves (one pass over all of them)."""
-    lm = CachedLM(model)
+    lm = TorchCachedLM(model)
     lm.logits(ids)
     return lm.cache
 
@@ -76,7 +76,7 @@ def assert_same_cache(a, b, atol):
 
 
 def run(model, proposer, prompt, n, k=3, check_cache_atol=None):
-    target = CachedLM(model)
+    target = TorchCachedLM(model)
     gen = Generation(target, proposer, prompt, GREEDY, n, set(), DraftLengthPolicy(fixed=k, max_k=k))
     while not gen.done:
         gen.step()
@@ -142,10 +142,10 @@ def test_tree_from_draft_models_gives_target_output():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     reference = run(target, None, prompt, 30).new_tokens
     for width, k in ((2, 3), (3, 2), (4, 4)):
-        gen = run(target, DraftModelProposer(CachedLM(other), width, 8), prompt, 30, k=k, check_cache_atol=1e-5)
+        gen = run(target, DraftModelProposer(TorchCachedLM(other), width, 8), prompt, 30, k=k, check_cache_atol=1e-5)
         assert gen.new_tokens == reference
         assert any(r.nodes > r.drafted for r in gen.records)  # siblings were verified
-        same = run(target, DraftModelProposer(CachedLM(target), width, 8), prompt, 30, k=k)
+        same = run(target, DraftModelProposer(TorchCachedLM(target), width, 8), prompt, 30, k=k)
         assert same.new_tokens == reference
         assert all(r.accepted == r.drafted for r in same.records)
 
@@ -162,7 +162,7 @@ def test_tree_with_siblings_at_near_depths_only():
         draft.lm_head.weight.add_(0.3 * torch.randn_like(draft.lm_head.weight))
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     reference = run(target, None, prompt, 40).new_tokens
-    proposer = DraftModelProposer(CachedLM(draft), width=3, max_nodes=7)
+    proposer = DraftModelProposer(TorchCachedLM(draft), width=3, max_nodes=7)
     proposal = proposer.propose(prompt + reference[:1], 4, GREEDY, None, set())
     assert [len(s) for s in proposal.siblings] == [2, 1, 0, 0]
     gen = run(target, proposer, prompt, 40, k=4, check_cache_atol=1e-5)
@@ -184,7 +184,7 @@ def test_smollm2_fp32_forced_tree_paths_and_cache():
     )[0, len(prompt) :].tolist()
     plans = PLANS["mixed"]
     draft = ScriptedTree(len(prompt), reference, model.config.vocab_size, lambda s: plans[s % len(plans)])
-    target = CachedLM(model)
+    target = TorchCachedLM(model)
     gen = Generation(target, draft, prompt, GREEDY, n, _stop_ids(tok, model), DraftLengthPolicy(fixed=3, max_k=3))
     while not gen.done:
         gen.step()
@@ -229,7 +229,7 @@ class Recording:
 def sample_tree(target, proposer, params, seed=0, k=2):
     """N four-token replies (token 1 from the prefill, tokens 2-3 from one tree step), caches kept between them."""
     generator = torch.Generator().manual_seed(seed)
-    t_cache = CachedLM(target)
+    t_cache = TorchCachedLM(target)
     first, pairs = torch.zeros(VOCAB), torch.zeros(VOCAB * VOCAB)
     rec = Recording(proposer)
     through_sibling = 0
@@ -272,7 +272,7 @@ CASES = {
 def test_tree_sampling_follows_the_target_distribution(pair, case):
     target, draft = pair
     params, kind = CASES[case]
-    proposer = DraftModelProposer(CachedLM(draft), width=3, max_nodes=8) if kind == "draft" else FixedTree()
+    proposer = DraftModelProposer(TorchCachedLM(draft), width=3, max_nodes=8) if kind == "draft" else FixedTree()
     first, pairs, through_sibling = sample_tree(target, proposer, params)
     p1, joint = exact(target, params)
     assert chi_square_p(first, p1) > 1e-3

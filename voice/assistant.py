@@ -71,7 +71,7 @@ class Assistant:
 
     @classmethod
     def load_sync(cls, config: Config) -> Assistant:
-        from llm.engine import Engine
+        from llm.load import load_engine
         from voice.models import resolve
         from voice.remote import remote_backends
         from voice.stt import SpeechToText
@@ -82,9 +82,10 @@ class Assistant:
         engine, stt, tts = remote_backends(config)  # the ones the config puts on other machines; None: local
         draft = None
         if engine is None:
-            target = resolve(m.target, "llm", m.cache_dir).location
-            draft = resolve(m.draft, "llm", m.cache_dir).location if (m.draft and llm.mode == "draft") else None
-            engine = Engine.from_config(target, draft, llm.model_dump())  # every llm key, one mapping
+            target = resolve(m.target, "llm", m.cache_dir, engine=llm.engine).location
+            if m.draft and llm.mode == "draft":
+                draft = resolve(m.draft, "llm", m.cache_dir, engine=llm.engine).location
+            engine = load_engine(target, draft, llm.model_dump())  # every llm key, one mapping per engine
         workers = {
             kind: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"specvoice-{kind}")
             for kind in ("stt", "tts", "turn")

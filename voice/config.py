@@ -45,9 +45,14 @@ class ModelsConfig(_Section):
 
 
 class LLMConfig(_Section):
+    engine: Literal["llama.cpp", "torch"] = Field(
+        "llama.cpp",
+        description="llama.cpp: the GGUF on llama.cpp's CPU kernels; torch: transformers weights (GPU, and the "
+        "float32 exactness reference); default: llama.cpp on the CPU, torch on a GPU",
+    )
     device: str = "cpu"
     dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    threads: int | None = Field(None, ge=1, description="torch threads; default: all cores")
+    threads: int | None = Field(None, ge=1, description="LLM compute threads (torch or llama.cpp); default: all cores")
     mode: Literal["draft", "ngram", "target"] = "draft"
     draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
     max_draft_length: int = Field(6, ge=1, le=32)
@@ -97,6 +102,23 @@ class LLMConfig(_Section):
         description="the server's Prometheus page for its speculative-decoding "
         "counters; default: <base_url host>/metrics; '' = do not scrape",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_engine(cls, data: Any) -> Any:
+        """No engine named: llama.cpp on the CPU, torch on a GPU."""
+        if isinstance(data, dict) and data.get("engine") is None:
+            data = {**data, "engine": "llama.cpp" if data.get("device", "cpu") == "cpu" else "torch"}
+        return data
+
+    @model_validator(mode="after")
+    def _engine_for_device(self) -> LLMConfig:
+        if self.engine == "llama.cpp" and self.device != "cpu":
+            raise ValueError(
+                f"llm.engine = 'llama.cpp' runs on the CPU, but llm.device = {self.device!r}; "
+                "fix: set llm.engine = 'torch' for a GPU, or llm.device = 'cpu'"
+            )
+        return self
 
     @model_validator(mode="after")
     def _remote_needs_url(self) -> LLMConfig:

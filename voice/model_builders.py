@@ -48,23 +48,36 @@ def _join_parts(parts: list[Path], out: Path) -> None:
                     bar.update(len(chunk))
 
 
-def gguf_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
-    """Join numbered GGUF parts from several packages, then convert to a safetensors folder."""
+GGUF_NAME = "model.gguf"  # the one GGUF in a prepared model's gguf folder
+
+
+def gguf_source_builder(modules: list[str], pattern: str) -> Callable[[Path], None]:
+    """The GGUF as llama.cpp loads it: numbered parts from several packages joined (or the one packaged file
+    copied) into ``model.gguf``, with the tokenizer (and chat template) read from it and saved beside it, so
+    the llama.cpp engine needs no conversion and no transformers weights."""
+
+    def build(folder: Path) -> None:
+        from transformers import AutoTokenizer
+
+        if len(modules) == 1:
+            _join_parts([package_dir(modules[0]) / pattern], folder / GGUF_NAME)
+        else:
+            _join_parts(
+                [package_dir(m) / "data" / f"part{i + 1:02d}.bin" for i, m in enumerate(modules)], folder / GGUF_NAME
+            )
+        AutoTokenizer.from_pretrained(str(folder), gguf_file=GGUF_NAME).save_pretrained(folder)
+
+    return build
+
+
+def gguf_converter(gguf_folder: Callable[[Path], Path]) -> Callable[[Path], None]:
+    """The torch engine's form of a GGUF model: a bfloat16 safetensors folder converted from the prepared
+    GGUF (``gguf_folder(cache root)`` builds or finds it, in the same cache as the folder being built)."""
 
     def build(folder: Path) -> None:
         from llm.convert import convert_gguf
 
-        if len(modules) == 1:
-            gguf = package_dir(modules[0]) / pattern
-        else:
-            parts = [package_dir(m) / "data" / f"part{i + 1:02d}.bin" for i, m in enumerate(modules)]
-            gguf = folder.parent / (folder.name + ".gguf")
-            _join_parts(parts, gguf)
-        try:
-            convert_gguf(gguf, folder)
-        finally:
-            if len(modules) > 1:
-                gguf.unlink(missing_ok=True)
+        convert_gguf(gguf_folder(folder.parent) / GGUF_NAME, folder)
 
     return build
 

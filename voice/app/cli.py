@@ -98,8 +98,9 @@ def bench_llm(config, args, extra: list[str]) -> int:
 
     if {"-h", "--help"} & set(extra):  # the flags only: no model is resolved (or built) for help
         return bench.main(extra, target="", draft=None, settings=config.llm.model_dump())
-    target = resolve(config.models.target, "llm", config.models.cache_dir).location
-    draft = resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft else None
+    m, engine = config.models, config.llm.engine
+    target = resolve(m.target, "llm", m.cache_dir, engine=engine).location
+    draft = resolve(m.draft, "llm", m.cache_dir, engine=engine).location if m.draft else None
     return bench.main(extra, target=target, draft=draft, settings=config.llm.model_dump())
 
 
@@ -124,32 +125,40 @@ def _models(config, args) -> int:
         )
         if n
     ]
+    # the cache entries the config loads: a registered LLM in the form its engine runs (GGUF for llama.cpp)
+    used = [m.for_engine(m.REGISTRY[n], config.llm.engine).name if n in m.REGISTRY else n for n in used]
     if args.action == "prepare":
-        names = list(m.REGISTRY) if args.all else (args.names or used)
+        names = list(m.ENTRIES) if args.all else (args.names or used)
         for name in names:
-            if name not in m.REGISTRY:
+            if name not in m.ENTRIES:
                 print(f"{name}: not a registered model (local paths and hub ids need no preparation)")
                 continue
-            entry = m.REGISTRY[name]
+            entry = m.ENTRIES[name]
+            if args.names and name in m.REGISTRY:  # a registered LLM named by hand: the form the engine runs
+                entry = m.for_engine(entry, config.llm.engine)
             path: Path | None
             if entry.cached:  # the cheap stamp check (size + mtime); `models verify` hashes
                 path = m.build_entry(entry, m.cache_root(config.models.cache_dir), force=args.force)
             else:
                 path = m.resolve(name, entry.kind, config.models.cache_dir).path
-            print(f"{name}: ready at {path}")
-        if not args.names or config.models.target in names:  # the LLM's extras: draft-head counts, int4 layers
+            print(f"{entry.name}: ready at {path}")
+        torch_extras = config.llm.engine == "torch"
+        if torch_extras and (not args.names or config.models.target in names):  # draft-head counts, int4 layers
             from llm.prepare import prepare_llm
 
-            target = m.resolve(config.models.target, "llm", config.models.cache_dir).location
+            engine = config.llm.engine
+            target = m.resolve(config.models.target, "llm", config.models.cache_dir, engine=engine).location
             draft = (
-                m.resolve(config.models.draft, "llm", config.models.cache_dir).location if config.models.draft else None
+                m.resolve(config.models.draft, "llm", config.models.cache_dir, engine=engine).location
+                if config.models.draft
+                else None
             )
             for line in prepare_llm(target, draft, config.llm.model_dump(), force=args.force):
                 print(f"{config.models.target}: {line}")
         return 0
     # verify: every installed model's files, hashed; a model never prepared fails only if the config uses it
     bad = 0
-    for name, entry in m.REGISTRY.items():
+    for name, entry in m.ENTRIES.items():
         state = m.status(name, config.models.cache_dir, full=True)
         if state.startswith("not installed") or (state == f"cache {m.NOT_PREPARED}" and name not in used):
             print(f"{name:30s} {'not prepared (specvoice models prepare ' + name + ')' if entry.cached else state}")
