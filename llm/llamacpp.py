@@ -30,7 +30,9 @@ log = logging.getLogger("specvoice.llm")
 
 GGUF_MAGIC = b"GGUF"
 SPARE_CONTEXTS = 2  # emptied contexts a model keeps for the next cache (a benchmark's fresh caches, a new chat)
-_LOG_LEVELS = {3: logging.WARNING, 4: logging.ERROR}  # ggml's warn and error; debug and info stay at DEBUG
+# ggml's levels, one step quieter: its warnings are about the model file ("control-looking token ..."), not about
+# anything a user can act on, and a failed load raises our own error naming the fix; debug and info are DEBUG
+_LOG_LEVELS = {3: logging.INFO, 4: logging.WARNING}
 _CONTINUED = 5  # ggml's "continues the previous line" level
 
 

@@ -9,7 +9,8 @@ rejections) over a decaying window (the maximum-likelihood estimate for a geomet
 are moving averages (an unmeasured m takes the nearest measured one, or past the longest one the slope of the
 last two: flat where verification is memory-bound, as with bf16 weights, steep where 4-bit weights make a CPU
 compute-bound).
-Every 16th step tries a neighbour of the best k, so the curve stays measured.
+Every 16th step tries a neighbour of the best k, so the curve stays measured, unless the neighbour could not beat
+the best even at an acceptance of 0.9 (then the try would only cost time).
 
 Confidence stop: one alpha for all tokens wastes draft steps on hard stretches and stops easy ones too early.
 The draft's own probability c_i of its token says which is which. After i drafted tokens, P_i (the chance that
@@ -26,6 +27,9 @@ live rate at which a sibling was accepted where its chain token was rejected (de
 from __future__ import annotations
 
 from llm.tree import tree_shape
+
+
+OPTIMISTIC_ALPHA = 0.9  # the acceptance a length is tried at before exploring it (see choose)
 
 
 class DraftLengthPolicy:
@@ -85,8 +89,9 @@ class DraftLengthPolicy:
     def _draft_cost(self) -> float:
         return self.draft_s if self.draft_s is not None else self.prior_c * self._verify_cost(1)
 
-    def expected_rate(self, k: int) -> float:
-        a = min(self.alpha, 0.999)
+    def expected_rate(self, k: int, alpha: float | None = None) -> float:
+        """Tokens per second of drafting k (as a relative rate), at the live alpha unless one is given."""
+        a = min(self.alpha if alpha is None else alpha, 0.999)
         shape = tree_shape(k, self.width, self.max_nodes)
         tokens = (1 - a ** (k + 1)) / (1 - a) + sum(a**i * (1 - a) * self.beta for i, n in enumerate(shape) if n)
         return tokens / (k * self._draft_cost() + self._verify_cost(k + sum(shape) + 1))
@@ -99,7 +104,11 @@ class DraftLengthPolicy:
         best = max(range(limit + 1), key=self.expected_rate)
         self.steps += 1
         if self.steps % 16 == 0 and limit > 0:
-            best = min(limit, best + 1) if (self.steps // 16) % 2 else max(1, best - 1)
+            other = min(limit, best + 1) if (self.steps // 16) % 2 else max(1, best - 1)
+            # a neighbour that could not win even at a high acceptance is not worth a try (a compute-bound
+            # device, where verifying two tokens costs two passes, stays at k = 0 with no exploring overhead)
+            if self.expected_rate(other, OPTIMISTIC_ALPHA) > self.expected_rate(best):
+                best = other
         return best
 
     def keep_drafting(self, confidence: list[float]) -> bool:
