@@ -50,7 +50,7 @@ def _llama_cpp() -> Any:
     except (ImportError, OSError) as exc:  # OSError: the package is there but its shared library is not
         raise LlamaCppError(
             f"llm.engine = 'llama.cpp' needs llama-cpp-python, which is not installed or did not build ({exc}); "
-            "fix: `make install` (it compiles llama.cpp: needs cmake and a C++ compiler, `make system-deps`), "
+            "fix: `make install` (it compiles llama.cpp with cmake and a C++ compiler, installing them if missing), "
             "or set llm.engine = 'torch'"
         ) from None
 
@@ -188,9 +188,10 @@ class GgufModel:
 class LlamaCppLM(CachedLM):
     """One KV cache over a GGUF model in llama.cpp: the ``CachedLM`` rules on llama.cpp's kernels.
 
-    The context (its KV cache) is made on the first pass and freed with this object. Cropping removes the
-    positions after n from the sequence (llama.cpp's per-sequence KV removal). A pass asks llama.cpp for
-    logits only at the rows the caller wants: a prefill asks for none, a verify pass for the drafted positions.
+    The context (its KV cache) is taken on the first pass and given back to the model with this object.
+    Cropping removes the positions after n from the sequence (llama.cpp's per-sequence KV removal). A pass asks
+    llama.cpp for logits only at the rows the caller wants: a prefill asks for none, a verify pass for the
+    drafted positions.
     """
 
     def __init__(

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 from llm.tree import tree_shape
 
-
 OPTIMISTIC_ALPHA = 0.9  # the acceptance a length is tried at before exploring it (see choose)
 
 
