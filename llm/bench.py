@@ -73,6 +73,7 @@ class Result:
     peak_rss_gib: float = 0.0
     rss_gib: float = 0.0  # the process's resident memory after this method's runs (highest seen)
     draft_lengths: Counter[int] = field(default_factory=Counter)  # how often each k was drafted (verify steps)
+    run_rates: list[float] = field(default_factory=list)  # decode tokens/s of each run, in the order they ran
     identical: list[bool] = field(default_factory=list)
 
     @property
@@ -93,6 +94,7 @@ class Result:
             "peak_rss_gib": round(self.peak_rss_gib, 2),
             "rss_gib": round(self.rss_gib, 2),
             "draft_lengths": {str(k): n for k, n in sorted(self.draft_lengths.items())},
+            "run_decode_tokens_per_s": [round(r, 2) for r in self.run_rates],
             "identical": "".join("y" if s else "n" for s in self.identical),
             "new_tokens": sum(len(t) for t in self.tokens),
             "decode_s": round(self.decode_s, 2),
@@ -217,6 +219,7 @@ def _methods(args, engine: Engine, hf_draft, settings: dict[str, Any]) -> list[t
 
 
 def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, caches=None) -> None:
+    tokens_before, seconds_before = res.decode_tokens, res.decode_s
     if isinstance(how, DecodeSettings):
         tokens, stats = engine.decode(prompt, how, caches=caches)
         res.ttft.append(stats.ttft_s)
@@ -239,6 +242,7 @@ def _run_one(engine: Engine, how: Any, prompt: list[int], n: int, res: Result, c
         res.verify_calls += decode_tokens  # one target pass per token
         res.verify_tokens += decode_tokens
     res.tokens.append(tokens)
+    res.run_rates.append((res.decode_tokens - tokens_before) / max(res.decode_s - seconds_before, 1e-9))
     res.peak_rss_gib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
     res.rss_gib = max(res.rss_gib, _rss_gib())
 
