@@ -1,8 +1,8 @@
 """`specvoice bench llm`: every decoding method on the same prompts, interleaved, in one run.
 
 Why interleaved: on a shared 2-core machine the speed drifts by tens of percent over minutes; running every
-method on prompt 1, then every method on prompt 2, ... (rotating the order) makes the drift hit all methods
-alike, so the ratios (speedup vs the target alone, in the same run) mean something even when the absolute
+method on prompt 1, then every method on prompt 2, ... (in a fresh seeded order each time) makes the drift hit
+all methods alike, so the ratios (speedup vs the target alone, in the same run) mean something even when the absolute
 figures are noisy.
 
 Two speeds per method: decode-phase tokens/s (tokens after the first / time from the first token to the last)
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import json
 import os
+import random
 import resource
 import time
 from collections import Counter
@@ -287,8 +288,10 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
     with tqdm(total=args.rounds * len(prompts) * len(methods), desc="bench llm", unit="run", disable=None) as bar:
         for rnd in range(args.rounds):
             for i, prompt in enumerate(prompts):
-                shift = (rnd * len(prompts) + i) % len(methods)  # no method always runs first, or after another
-                for name, how in methods[shift:] + methods[:shift]:
+                # a fresh seeded order per prompt: a rotation keeps each method behind the same neighbour, so
+                # whatever one run leaves behind (a warm cache, a busy core) would always favour the same method
+                order = random.Random(rnd * len(prompts) + i).sample(methods, len(methods))
+                for name, how in order:
                     bar.set_postfix_str(f"round {rnd + 1}, prompt {i + 1}: {name}")
                     _run_one(engine, how, prompt, args.max_new_tokens, results[name])
                     bar.update(1)
