@@ -8,6 +8,7 @@ simply fall outside that prefix.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,7 +29,7 @@ def head_rows(model: Any) -> int:
     return int(getattr(head, "out_features", None) or head.weight.shape[0])
 
 
-class CachedLM:
+class CachedLM(ABC):
     """A causal LM with its own KV cache, and the token ids that cache holds (so it can be reused and cropped).
 
     The common-prefix rule lives here, once; a backend supplies two operations: ``crop(n)`` (keep the first n
@@ -54,13 +55,15 @@ class CachedLM:
         self.real_vocab = real_vocab
         self.fed_tokens = 0  # tokens run through the model (prefill + decode), for stats
 
+    @abstractmethod
     def crop(self, n: int) -> None:
-        raise NotImplementedError
+        """Keep the first n cached positions (and ids); drop the rest."""
 
+    @abstractmethod
     def forward(self, feed: list[int], n_out: int) -> torch.Tensor:
-        raise NotImplementedError
+        """One pass over ``feed`` after the cached ids; the logits of its last n_out positions [n_out, V]."""
 
-    def close(self) -> None:
+    def close(self) -> None:  # noqa: B027 - optional: only a cache holding memory outside Python overrides it
         """Let go of what the cache holds outside Python (llama.cpp's context); torch's goes with the object."""
 
     def keep_prefix_of(self, seq: list[int]) -> int:

@@ -148,3 +148,15 @@ def test_bench_llm_bad_list_flag_is_refused_before_any_model_loads(flag):
     result = cli("-c", "configs/small.toml", "bench", "llm", flag, "2,x")
     assert result.returncode == 2 and flag in result.stderr and "positive integers" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_the_llm_engine_follows_the_device_and_a_wrong_one_names_the_fix(tmp_path):
+    cpu = load_config(write(tmp_path, '[llm]\nmode = "ngram"\n'), environ={})
+    assert cpu.llm.engine == "llama.cpp"  # no engine named: llama.cpp on the CPU ...
+    gpu = load_config(write(tmp_path, '[llm]\nmode = "ngram"\ndevice = "cuda"\n'), environ={})
+    assert gpu.llm.engine == "torch"  # ... torch on a GPU
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, '[llm]\nmode = "ngram"\nengine = "vllm"\n'), environ={})
+    assert "llm.engine" in str(err.value) and "llama.cpp" in str(err.value)
+    with pytest.raises(ConfigError, match=r"llm.engine = 'llama.cpp' runs on the CPU.*fix: set llm.engine = 'torch'"):
+        load_config(write(tmp_path, '[llm]\nmode = "ngram"\nengine = "llama.cpp"\ndevice = "cuda"\n'), environ={})
