@@ -3,7 +3,7 @@
     python -m llm.bench_gpu --target DIR --draft DIR [--device cuda] [--rounds 2] [--out bench-results/llm-gpu.json]
 
 On a GPU the per-step overhead (Python, kernel launches), not the bytes read, dominates a 1.5B model, so plain
-speculation can even lose (a 1.7B target with a 135M draft ran 30% slower in vLLM, DESIGN.md section 3).
+speculation can even lose (a 1.7B target with a 135M draft ran 30% slower in vLLM, vllm issue 15025).
 Hence, against the same target alone each time:
 - eager: dynamic cache, no compilation (the CPU path, as is);
 - compiled: a static cache and ``torch.compile(mode="reduce-overhead")`` (CUDA graphs) for the decode steps

@@ -1,7 +1,7 @@
 """How many tokens to draft: fixed, chosen from measured costs (adaptive), or until the draft is unsure.
 
-Notation (DESIGN.md section 3): alpha = per-token acceptance, t_d = one draft step, t_v(m) = a target pass over
-m tokens. Costs are measured per device and shared by a whole Engine.
+Notation: alpha = per-token acceptance, t_d = one draft step, t_v(m) = a target pass over m tokens. Costs
+are measured per device and shared by a whole Engine.
 
 Adaptive k: drafting k gives E(k) = 1 + alpha + ... + alpha^k tokens per target pass at a cost of
 k * t_d + t_v(k+1); pick the k in 0..max_k with the highest E(k) / cost(k). alpha is accepted / (accepted +

@@ -278,3 +278,15 @@ async def test_one_conversation_failing_leaves_the_others_serving(engine):
         ok.prompt_ids(ok.messages + [{"role": "user", "content": QUESTIONS[0]}]),
         await reply_tokens(ok, QUESTIONS[0], TARGET),
     )
+
+
+def test_token_trees_on_llama_cpp_are_refused_with_the_fix():
+    """Trees are a torch-engine option: asking llama.cpp for them is one clear line, not a wrong answer."""
+    with pytest.raises(ValueError, match=r"token trees run on the torch engine only; fix: set llm.tree = false"):
+        LlamaCppEngine.load_gguf(
+            gguf("smollm2-135m-instruct"),
+            None,
+            mode="ngram",
+            settings=DecodeSettings(mode="ngram", tree=True),
+            calibrate=False,
+        )
