@@ -131,7 +131,7 @@ async def test_barge_in_closes_the_request_on_the_server(assistant, server):
     await rec.wait_for(lambda e: sink.played_samples > 1.5 * assistant.tts_sample_rate)  # some words heard
     mic = Mic(session)
     speaking = time.monotonic()
-    await mic.play(piper_utterance("Stop, wait a moment please."))
+    await mic.play(piper_utterance("Stop, wait a moment please.", deterministic=True))
     done = await asking
     assert done.interrupted and rec.of(SpeechStarted)
     cancel = (await asyncio.to_thread(server.wait_for, "cancels", cancels + 1))[-1]

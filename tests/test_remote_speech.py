@@ -61,7 +61,7 @@ async def test_thin_front_end_hears_and_speaks_over_wyoming(peer_assistant):
         rec, sink = Recorder(), WavSink(None, front.tts_sample_rate, realtime=False)
         session = front.session(rec, sink=sink)
         mic = Mic(session)
-        await mic.play(piper_utterance(QUESTION))
+        await mic.play(piper_utterance(QUESTION, deterministic=True))
         await mic.silence(1.0)
         done = await rec.turn_done()
         assert done is not None and not done.interrupted
@@ -96,7 +96,7 @@ async def test_remote_stt_down_is_an_stt_turn_error_and_the_session_goes_on(peer
         rec = Recorder()
         session = front.session(rec)
         mic = Mic(session)
-        await mic.play(piper_utterance("Hello there."))
+        await mic.play(piper_utterance("Hello there.", deterministic=True))
         await mic.silence(1.0)
         await rec.wait_for(lambda e: isinstance(e, TurnError))
         error = rec.of(TurnError)[0]
@@ -110,7 +110,7 @@ async def test_remote_stt_sends_the_whole_utterance_again_when_the_server_came_b
     port = free_port()
     front = await thin(peer_assistant, f"tcp://127.0.0.1:{port}", f"tcp://127.0.0.1:{port}")
     stream = front.stt.stream()  # connects now, to nothing: the speech server is restarting
-    stream.add(piper_utterance("The quick brown fox jumps over the lazy dog."))
+    stream.add(piper_utterance("The quick brown fox jumps over the lazy dog.", deterministic=True))
     async with peer(peer_assistant, port):
         text = await stream.final()
     assert "fox" in text.lower() and "dog" in text.lower()

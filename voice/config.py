@@ -182,6 +182,12 @@ class STTConfig(_Section):
 class TTSConfig(_Section):
     speaker_id: int | None = None
     length_scale: float = Field(1.0, gt=0.0)
+    noise_scale: float | None = Field(
+        None, ge=0.0, description="piper's sampling noise (none: the voice's own); 0: the same audio every time"
+    )
+    noise_w_scale: float | None = Field(
+        None, ge=0.0, description="piper's phoneme-length noise (none: the voice's own); 0: the same timing every time"
+    )
     first_fragment_chars: int = Field(12, ge=1)
     first_fragment_words: int = Field(
         3,

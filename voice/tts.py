@@ -78,7 +78,12 @@ class TextToSpeech:
         self.sample_rate: int = self.voice.config.sample_rate
         # the voice's language as its .onnx.json says (e.g. "en_US"); what Wyoming and Home Assistant are told
         self.language: str = _voice_language(json.loads(config.read_text()))
-        self.syn_config = SynthesisConfig(speaker_id=settings.speaker_id, length_scale=settings.length_scale)
+        self.syn_config = SynthesisConfig(
+            speaker_id=settings.speaker_id,
+            length_scale=settings.length_scale,
+            noise_scale=settings.noise_scale,
+            noise_w_scale=settings.noise_w_scale,
+        )
         self._lock = threading.Lock()  # one onnxruntime session: one synthesis at a time
         # the thread syntheses run on (the assistant owns it; standalone use gets its own)
         self.executor = executor or ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-tts")
