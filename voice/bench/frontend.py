@@ -9,7 +9,7 @@ connection closed, as the LLM server sees it.
 
 The LLM: with ``--stub`` a stand-in (voice/bench/stub_llm.py) streams a canned reply after ``--ttft-ms`` at
 ``--tokens-per-s``, costing nothing here, so the figures are the front-end's own with a GPU server's latency
-added as stated (default 200 ms and 40 tokens/s per request: the README's GPU sizing assumes a server that
+added as stated (default 200 ms and 40 tokens/s per request: the GPU sizing in docs/serving.md assumes a server that
 delivers at least that to every conversation); otherwise ``llm.base_url`` names a real server (one on this
 machine takes CPU from the front-end: pin it, e.g. ``taskset -c 1``, and say so). Table on stdout, JSON under
 bench-results/.
