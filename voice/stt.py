@@ -12,8 +12,8 @@ the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder
 ``stt.window_s = 0`` (opt-in; the default is Whisper's 30) fits the window to the audio, rounded up to whole
 seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder
 is fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and
-a pass takes a fraction of the time (`bench stt-accuracy --windows 30,0` measures both, WER included). Two
-exceptions keep Whisper in the conditions it was trained on: a pass with an initial prompt (the pass at a
+a pass takes a fraction of the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER
+included). Two exceptions keep Whisper in the conditions it was trained on: a pass with an initial prompt (the pass at a
 pause, with audio.turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it
 continue past the speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at
 10 s and still at 20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with
@@ -52,7 +52,7 @@ log = logging.getLogger("specvoice.stt")
 
 RATE = SPEECH_RATE
 WHISPER_WINDOW_S = 30  # the window Whisper was trained on
-MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (bench stt-accuracy)
+MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
