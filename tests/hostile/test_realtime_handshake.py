@@ -12,14 +12,17 @@ import logging
 import numpy as np
 import pytest
 from websockets.asyncio.client import connect
+from websockets.asyncio.server import ServerConnection, serve
 from websockets.exceptions import ConnectionClosed, InvalidStatus
+from websockets.http11 import Request
 
 from voice.assistant import Assistant
 from voice.config import ConfigError
-from voice.logs import RateLimitedLog
+from voice.logs import ClientWarnings, RateLimitedLog
 from voice.server import check_exposure
-from voice.transports.realtime_server import origin_allowed
+from voice.transports.realtime_server import HANDSHAKE_FAILED, HandshakeLog, origin_allowed
 
+from broker import free_port
 from realtime_client import Client, b64, make_config, realtime
 from serving import serving
 
@@ -194,3 +197,88 @@ async def test_a_closed_client_mid_flood_leaves_others_working(assistant):
                 )
         events = await client.text_turn("Hi.", output_modalities=["text"])
         assert events[-1]["response"]["status"] == "completed"
+
+
+# What a client can send, or not, before a websocket handshake: none may cost a traceback in the log
+BAD_CLIENTS = {
+    "a bare connect (a port scan, a load balancer's TCP health check)": b"",
+    "garbage": b"GARBAGE\r\n\r\n",
+    "a broken request line": b"GET / HTTP/1.1 extra\r\n\r\n",
+    "plain HTTP to the websocket path": b"GET /v1/realtime HTTP/1.1\r\nHost: x\r\n\r\n",
+}
+
+
+async def send_and_hang_up(port: int, data: bytes) -> None:
+    """Connect, send ``data`` (if any) and read what the server answers until it closes; hang up."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    if data:
+        writer.write(data)
+        await asyncio.wait_for(reader.read(), 10)
+    writer.close()
+    await writer.wait_closed()
+
+
+async def warnings_about(caplog: pytest.LogCaptureFixture, port: int, data: bytes) -> list[logging.LogRecord]:
+    """The records at WARNING or above that one client sending ``data`` caused (websockets logs after it closed
+    the connection: wait up to 10 s for the first, then a moment for any second)."""
+    before = len(caplog.records)
+    await send_and_hang_up(port, data)
+    for _ in range(200):
+        if any(r.levelno >= logging.WARNING for r in caplog.records[before:]):
+            break
+        await asyncio.sleep(0.05)
+    await asyncio.sleep(0.2)
+    return [r for r in caplog.records[before:] if r.levelno >= logging.WARNING]
+
+
+async def test_a_bad_client_before_the_handshake_is_one_warning_line_and_no_traceback(assistant, caplog):
+    for name in ("specvoice", "websockets", "asyncio"):
+        caplog.set_level(logging.DEBUG, logger=name)
+    config = make_config(assistant)
+    config.wyoming.enabled, config.wyoming.port = True, free_port()
+    async with serving(config, assistant):
+        reasons = {}
+        for client, data in BAD_CLIENTS.items():
+            lines = await warnings_about(caplog, config.server.port, data)
+            assert [(r.getMessage(), r.client) for r in lines] == [("websocket handshake failed", "127.0.0.1")], client
+            reasons[client] = lines[0].reason
+        assert reasons == {
+            "a bare connect (a port scan, a load balancer's TCP health check)": "did not receive a valid HTTP "
+            "request; connection closed while reading HTTP request line; stream ends after 0 bytes, before end of line",
+            "garbage": "did not receive a valid HTTP request; invalid HTTP request line: GARBAGE",
+            "a broken request line": "did not receive a valid HTTP request; unsupported protocol; "
+            "expected HTTP/1.1: GET / HTTP/1.1 extra",
+            "plain HTTP to the websocket path": "missing Connection header",  # answered 426 Upgrade Required
+        }
+        before = len(caplog.records)
+        for _ in range(20):  # a client that loops garbage: ClientWarnings lets 5 lines a minute through
+            await send_and_hang_up(config.server.port, b"GARBAGE\r\n\r\n")
+        await asyncio.sleep(0.5)
+        assert 1 <= len([r for r in caplog.records[before:] if r.levelno >= logging.WARNING]) <= 2
+
+        for data in (b"", b"GARBAGE\r\n\r\n", b"\x00" * 70000):  # the same at the Wyoming door
+            await send_and_hang_up(config.wyoming.port, data)
+        wyoming = [r for r in caplog.records if r.name == "specvoice.wyoming" and r.levelno >= logging.WARNING]
+        assert [r.client for r in wyoming] == ["127.0.0.1"] * 2, wyoming  # the garbage; a bare connect is silent
+
+        assert await opens(f"ws://127.0.0.1:{config.server.port}/v1/realtime")  # still serving
+    # websockets' own debug lines may carry one (its debug logging is opt-in); nothing at warning or above may
+    serious = [r for r in caplog.records if r.levelno >= logging.ERROR or (r.exc_info and r.levelno >= logging.WARNING)]
+    assert not serious, [f"{r.name}: {r.getMessage()}" for r in serious]
+
+
+async def test_a_handshake_that_fails_by_our_bug_still_logs_its_traceback(caplog):
+    """HandshakeLog quiets what clients cause, not our own bugs: a process_request that raises is logged by
+    websockets as before, an error with the traceback."""
+
+    def broken(connection: ServerConnection, request: Request) -> None:
+        raise RuntimeError("a bug in process_request")
+
+    caplog.set_level(logging.WARNING)
+    logger = HandshakeLog(ClientWarnings(logging.getLogger("specvoice.test")))
+    async with serve(lambda ws: ws.close(), "127.0.0.1", 0, process_request=broken, logger=logger) as server:
+        with pytest.raises(InvalidStatus):
+            await opens(f"ws://127.0.0.1:{next(iter(server.sockets)).getsockname()[1]}/")
+    [record] = caplog.records
+    assert (record.name, record.levelno, record.getMessage()) == ("websockets.server", logging.ERROR, HANDSHAKE_FAILED)
+    assert record.exc_info and isinstance(record.exc_info[1], RuntimeError)

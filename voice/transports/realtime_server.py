@@ -20,12 +20,15 @@ import asyncio
 import hmac
 import ipaddress
 import logging
-from collections.abc import Sequence
+import sys
+from collections.abc import Mapping, Sequence
 from http import HTTPStatus
+from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 from websockets.asyncio.server import Server, ServerConnection, serve
 from websockets.datastructures import Headers
+from websockets.exceptions import ConnectionClosed, InvalidHandshake
 from websockets.http11 import Request, Response
 from websockets.typing import Subprotocol
 
@@ -42,6 +45,14 @@ PATHS = ("/v1/realtime", "/realtime")
 METRICS_PATH = "/metrics"
 SUBPROTOCOL = "realtime"  # what a browser offers, and we select, for the Realtime API
 KEY_SUBPROTOCOL = "openai-insecure-api-key."  # + the token: how a browser (no custom headers) sends it
+MAX_LOGGED_CHARS = 200  # of text a client chose (an Origin, a request line) in one log line
+
+# What websockets logs, with the exception chain, when an opening handshake fails (websockets.asyncio.server)
+HANDSHAKE_FAILED = "opening handshake failed"
+# Handshake failures the client caused: bytes that are not an HTTP request (or a hang-up before a whole one), a
+# request that is no websocket upgrade, a peer that left or reset before the response. Any other exception is
+# our bug (process_request raised) and keeps its traceback.
+CLIENT_FAULTS = (InvalidHandshake, ConnectionClosed, ConnectionError, EOFError)
 
 
 # ---- the handshake: tokens, subprotocols, the page -----------------------------------------------------------
@@ -107,6 +118,48 @@ def page_response(request: Request) -> Response | None:
     return Response(HTTPStatus.OK.value, HTTPStatus.OK.phrase, headers, page.body)
 
 
+def client_host(connection: ServerConnection) -> str:
+    """The peer's address without the port: the key of its warnings' rate limit (a port scan uses many ports)."""
+    address = connection.remote_address
+    return str(address[0]) if address else "?"
+
+
+def exception_chain(error: BaseException) -> str:
+    """The messages of an exception and its causes, outermost first, e.g. "did not receive a valid HTTP request;
+    invalid HTTP request line: GARBAGE"; cut to MAX_LOGGED_CHARS, since the client chose part of it."""
+    messages = []
+    cause: BaseException | None = error
+    while cause is not None:
+        messages.append(str(cause) or type(cause).__name__)
+        cause = cause.__cause__
+    return "; ".join(messages)[:MAX_LOGGED_CHARS]
+
+
+class HandshakeLog(logging.LoggerAdapter[logging.Logger]):
+    """The logger handed to websockets: a handshake the client broke becomes one rate-limited warning line.
+
+    Why: websockets logs every failed opening handshake as an error with its exception chain (three tracebacks
+    for a port scan's or a load balancer's bare connect, two for a line of garbage), which reads as a crash and
+    lets any client fill the journal. Here it is a warning through ``ClientWarnings`` naming the client and the
+    reason. Every other record, and a failure that is our own bug, reaches websockets' logger unchanged."""
+
+    def __init__(self, warnings: ClientWarnings) -> None:
+        super().__init__(logging.getLogger("websockets.server"))
+        self.warnings = warnings
+
+    def log(self, level: int, msg: object, *args: object, **kwargs: Any) -> None:
+        # websockets logs from inside its ``except`` block (exc_info=True) and wraps this adapter in one of its
+        # own that adds the connection as extra["websocket"]
+        extra = kwargs.get("extra")
+        connection = extra.get("websocket") if isinstance(extra, Mapping) else None
+        error = sys.exception() if kwargs.get("exc_info") is True else None
+        if msg == HANDSHAKE_FAILED and isinstance(error, CLIENT_FAULTS) and isinstance(connection, ServerConnection):
+            self.warnings.warn(client_host(connection), "websocket handshake failed", reason=exception_chain(error))
+            return
+        kwargs["stacklevel"] = kwargs.get("stacklevel", 1) + 1  # the record names websockets' line, not this one
+        super().log(level, msg, *args, **kwargs)
+
+
 class RealtimeServer:
     """The websocket API's listener; every accepted connection is a RealtimeConnection with its own session."""
 
@@ -114,7 +167,8 @@ class RealtimeServer:
         self.shared = shared
         self.config = shared.config
         self.connections: set[RealtimeConnection] = set()
-        self._refusals = ClientWarnings(log)  # a hostile page can retry in a loop: the journal sees a few
+        # a hostile page, or garbage, can retry in a loop: the journal sees a few of each client's refusals
+        self._refusals = ClientWarnings(log)
         self._server: Server | None = None
 
     @property
@@ -131,6 +185,7 @@ class RealtimeServer:
             max_size=s.max_message_bytes,
             process_request=self._process_request,
             select_subprotocol=select_subprotocol,
+            logger=HandshakeLog(self._refusals),
             ping_interval=20,
             ping_timeout=20,
             close_timeout=3,
@@ -168,11 +223,10 @@ class RealtimeServer:
         origin, host = one_header(request, "Origin"), one_header(request, "Host")
         if not origin_allowed(origin, host, self.config.server.allowed_origins):
             self.shared.metrics.rejected.labels("websocket", "origin").inc()
-            address = connection.remote_address
             self._refusals.warn(
-                str(address[0]) if address else "?",
+                client_host(connection),
                 "cross-origin websocket refused",
-                origin=origin[:200] if origin else None,
+                origin=origin[:MAX_LOGGED_CHARS] if origin else None,
             )
             return connection.respond(
                 HTTPStatus.FORBIDDEN,
