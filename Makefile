@@ -6,7 +6,7 @@ SPECVOICE := $(VENV)/bin/specvoice
 export HF_HUB_OFFLINE ?= 1
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: install system-deps demo test lint prepare-small prepare-default prepare-torch
+.PHONY: install system-deps demo test check lint prepare-small prepare-default prepare-torch
 
 # llama-cpp-python compiles llama.cpp at install, for this machine's CPU (GGML_NATIVE), without the parts we do
 # not use (multimodal, examples, tools, server): ~10 minutes on 2 cores, once.
@@ -61,6 +61,11 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+
+# the fast tier, for use while working: lint, then the tests that need no big model, broker or browser (the ones
+# not marked `full` in tests/conftest.py); about 2 minutes. Run `make test` once first: it prepares the models.
+check: lint
+	$(PY) -m pytest -q -p no:cacheprovider -m "not full" --durations=5
 
 test: system-deps lint prepare-default prepare-torch prepare-small
 	$(PY) -m pytest -q -p no:cacheprovider

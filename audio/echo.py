@@ -46,6 +46,7 @@ from typing import Literal
 
 import numpy as np
 
+from audio.frames import SPEECH_RATE
 from audio.playback_gate import NoiseFloor, PlaybackGate, check_block
 
 Mode = Literal["off", "gate", "cancel"]
@@ -71,7 +72,7 @@ class EchoCanceller:
 
     def __init__(
         self,
-        sample_rate: int = 16000,
+        sample_rate: int = SPEECH_RATE,
         block: int = 320,
         filter_ms: int = 200,
         *,
@@ -83,7 +84,7 @@ class EchoCanceller:
         if sample_rate <= 0 or block <= 0 or filter_ms <= 0:
             raise ValueError(
                 f"sample_rate, block and filter_ms must be positive (got {sample_rate}, {block}, "
-                f"{filter_ms}); fix: e.g. EchoCanceller(16000, 320, 200)"
+                f"{filter_ms}); fix: e.g. EchoCanceller({SPEECH_RATE}, 320, 200)"
             )
         if not 0.0 < step <= 1.0:
             raise ValueError(f"step must be in (0, 1] (got {step}); fix: 1.0 (the default) converges fastest")
@@ -264,7 +265,7 @@ class EchoSuppressor:
     """
 
     def __init__(
-        self, sample_rate: int = 16000, mode: Mode = "cancel", *, block: int = 320, filter_ms: int = 200
+        self, sample_rate: int = SPEECH_RATE, mode: Mode = "cancel", *, block: int = 320, filter_ms: int = 200
     ) -> None:
         if mode not in ("off", "gate", "cancel"):
             raise ValueError(f"unknown echo mode {mode!r}; fix: use 'off', 'gate' or 'cancel'")

@@ -10,6 +10,8 @@ import math
 
 import numpy as np
 
+from audio.frames import SPEECH_RATE
+
 _TINY = 1e-12
 _SILENT_POWER = 1e-8  # mean square of a float signal in [-1, 1): about -80 dBFS; below it a signal is "silent"
 
@@ -56,7 +58,7 @@ class PlaybackGate:
 
     def __init__(
         self,
-        sample_rate: int = 16000,
+        sample_rate: int = SPEECH_RATE,
         block: int = 320,
         window_ms: int = 200,
         *,
@@ -69,7 +71,7 @@ class PlaybackGate:
         if sample_rate <= 0 or block <= 0 or window_ms <= 0 or bands < 1:
             raise ValueError(
                 f"sample_rate, block, window_ms and bands must be positive (got {sample_rate}, "
-                f"{block}, {window_ms}, {bands}); fix: e.g. PlaybackGate(16000, 320, 200)"
+                f"{block}, {window_ms}, {bands}); fix: e.g. PlaybackGate({SPEECH_RATE}, 320, 200)"
             )
         self.block = block
         n = 2 * block

@@ -16,7 +16,7 @@ import numpy as np
 import soxr
 
 from audio.devices import DeviceError, find_device
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.wavfile import read_wav
 
 log = logging.getLogger("specvoice.audio")
@@ -36,7 +36,7 @@ class WavSource:
         path: str | Path,
         *,
         block_ms: int = 20,
-        rate: int = 16000,
+        rate: int = SPEECH_RATE,
         realtime: bool = True,
         tail_silence_ms: int = 0,
     ) -> None:
@@ -113,7 +113,7 @@ class MicSource:
         device: str | int | None = None,
         *,
         block_ms: int = 20,
-        rate: int = 16000,
+        rate: int = SPEECH_RATE,
         max_queued_blocks: int = 100,
         latency: float | str = "low",
     ) -> None:

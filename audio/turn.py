@@ -38,12 +38,13 @@ from typing import Literal
 
 import numpy as np
 
-SAMPLE_RATE = 16000
+from audio.frames import SPEECH_RATE
+
 WINDOW_S = 8  # the model sees the last 8 s of the turn
 N_FFT = 400  # 25 ms
 HOP = 160  # 10 ms
 N_MELS = 80
-_FRAMES = WINDOW_S * SAMPLE_RATE // HOP  # 800
+_FRAMES = WINDOW_S * SPEECH_RATE // HOP  # 800
 
 
 # ---- features ------------------------------------------------------------------------------------------------
@@ -63,7 +64,7 @@ def _mel_to_hz(mel: float | np.ndarray) -> np.ndarray:
 
 
 @functools.cache
-def mel_filterbank(n_mels: int = N_MELS, n_fft: int = N_FFT, rate: int = SAMPLE_RATE) -> np.ndarray:
+def mel_filterbank(n_mels: int = N_MELS, n_fft: int = N_FFT, rate: int = SPEECH_RATE) -> np.ndarray:
     """Triangular filters evenly spaced on the mel scale from 0 Hz to Nyquist, each scaled to unit area
     ("Slaney" normalisation); shape (n_mels, n_fft // 2 + 1)."""
     edges = _mel_to_hz(np.linspace(_hz_to_mel(0.0), _hz_to_mel(rate / 2), n_mels + 2))
@@ -84,7 +85,7 @@ def model_window(audio: np.ndarray) -> np.ndarray:
     """The model's input audio: float32 in [-1, 1), exactly ``WINDOW_S`` seconds, the end of ``audio`` kept
     and zero padding in front when it is shorter (the end of the turn must sit at the end of the window)."""
     x = audio.astype(np.float32) / 32768.0 if audio.dtype == np.int16 else np.asarray(audio, dtype=np.float32)
-    n = WINDOW_S * SAMPLE_RATE
+    n = WINDOW_S * SPEECH_RATE
     if len(x) >= n:
         return x[-n:]
     return np.concatenate([np.zeros(n - len(x), dtype=np.float32), x])
@@ -98,9 +99,9 @@ def log_mel(window: np.ndarray) -> np.ndarray:
     mel filters, log10 floored at 1e-10, the trailing frame dropped, values clamped to 8 below the maximum
     (an 80 dB range) and mapped by (x + 4) / 4.
     """
-    if window.shape != (WINDOW_S * SAMPLE_RATE,):
+    if window.shape != (WINDOW_S * SPEECH_RATE,):
         raise ValueError(
-            f"log_mel takes exactly {WINDOW_S * SAMPLE_RATE} samples (got {window.shape}); "
+            f"log_mel takes exactly {WINDOW_S * SPEECH_RATE} samples (got {window.shape}); "
             f"fix: pass model_window(audio)"
         )
     x = window.astype(np.float32)

@@ -20,7 +20,7 @@ from typing import Literal
 
 import numpy as np
 
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 
 _HYSTERESIS = 0.15
 
@@ -45,8 +45,8 @@ class _Silero:
     def __init__(self, model_path: str | Path, sample_rate: int) -> None:
         import onnxruntime as ort
 
-        if sample_rate != 16000:
-            raise ValueError(f"silero VAD here runs at 16000 Hz (got {sample_rate}); fix: resample the input")
+        if sample_rate != SPEECH_RATE:
+            raise ValueError(f"silero VAD here runs at {SPEECH_RATE} Hz (got {sample_rate}); fix: resample the input")
         opts = ort.SessionOptions()
         opts.inter_op_num_threads = opts.intra_op_num_threads = 1  # 0.3 ms per window: threads only add overhead
         self.session = ort.InferenceSession(str(model_path), sess_options=opts, providers=["CPUExecutionProvider"])
@@ -95,7 +95,7 @@ class Vad:
         min_speech_ms: int = 200,
         end_silence_ms: int = 500,
         preroll_ms: int = 300,
-        sample_rate: int = 16000,
+        sample_rate: int = SPEECH_RATE,
     ) -> None:
         if engine == "silero":
             if model_path is None or not Path(model_path).exists():

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 
 
 class WakeWord:
@@ -33,8 +33,10 @@ class WakeWord:
         self.last_probability = 0.0
 
     def process(self, chunk: AudioChunk) -> bool:
-        if chunk.sample_rate != 16000:
-            raise ValueError(f"wake word detection needs 16000 Hz audio (got {chunk.sample_rate}); fix: resample")
+        if chunk.sample_rate != SPEECH_RATE:
+            raise ValueError(
+                f"wake word detection needs {SPEECH_RATE} Hz audio (got {chunk.sample_rate}); fix: resample"
+            )
         fired = False
         for features in self._features.process_streaming(chunk.samples.astype("<i2").tobytes()):
             for prob in self._model.process_streaming(features):

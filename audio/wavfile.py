@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 
+from audio.frames import SPEECH_RATE
 from audio.resample import resample
 
 _SOX_HINT = "convert it, e.g. `sox in.wav -r {rate} -c 1 -b 16 out.wav`"
@@ -75,7 +76,9 @@ def _decode(raw: bytes, width: int, path: Path) -> np.ndarray:
         return np.where(v >= 1 << 23, v - (1 << 24), v) / float(1 << 23)
     if width == 4:
         return np.frombuffer(raw, dtype="<i4") / float(1 << 31)
-    raise WavFormatError(f"{path}: {8 * width}-bit samples are not supported; fix: {_SOX_HINT.format(rate=16000)}")
+    raise WavFormatError(
+        f"{path}: {8 * width}-bit samples are not supported; fix: {_SOX_HINT.format(rate=SPEECH_RATE)}"
+    )
 
 
 def write_wav(path: str | Path, samples: np.ndarray, rate: int) -> None:

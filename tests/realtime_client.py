@@ -18,7 +18,6 @@ from websockets.asyncio.client import ClientConnection, connect
 from broker import free_port
 from serving import serving
 
-WIRE = 24000
 SDK_EVENTS = {
     get_args(cls.model_fields["type"].annotation)[0]: cls
     for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import numpy as np
 
+from audio.frames import SPEECH_RATE
 from voice.speechset import SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
 
-RATE = 16000
 __all__ = [
     "SENTENCES",
     "espeak",
@@ -38,17 +38,17 @@ def spoken_as(text: str, heard: str) -> bool:
     return wer(text, heard) <= 2 / max(1, len(normalize_words(text)))
 
 
-def silence(ms: int, rate: int = RATE) -> np.ndarray:
+def silence(ms: int, rate: int = SPEECH_RATE) -> np.ndarray:
     return np.zeros(rate * ms // 1000, dtype=np.int16)
 
 
-def voiced_bounds(samples: np.ndarray, rate: int = RATE, level: int = 300) -> tuple[float, float]:
+def voiced_bounds(samples: np.ndarray, rate: int = SPEECH_RATE, level: int = 300) -> tuple[float, float]:
     """(first, last) second where the clean synthetic signal is audible: the known speech boundaries."""
     loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > level)
     return loud[0] / rate, (loud[-1] + 1) / rate
 
 
-def trimmed(samples: np.ndarray, rate: int = RATE) -> np.ndarray:
+def trimmed(samples: np.ndarray, rate: int = SPEECH_RATE) -> np.ndarray:
     """The synthetic utterance without the silence the synthesizer put around it."""
     start, end = voiced_bounds(samples, rate)
     return samples[int(start * rate) : int(end * rate)]

@@ -14,13 +14,12 @@ import numpy as np
 import pytest
 
 from audio.echo import EchoCanceller, EchoSuppressor, PlaybackGate
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.resample import resample
 from audio.vad import Vad
 from audio.wavfile import read_wav
 from voice.models import resolve
 
-RATE = 16000
 BLOCK = 320
 LEAD_S = 0.5  # silence before the playback starts
 USER_AT_S = 5.0  # where the user's speech is placed (mid-playback)
@@ -48,8 +47,8 @@ def playback() -> np.ndarray:
     voice = PiperVoice.load(str(resolve("piper-joe-medium", "tts").path))
     fixed = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
     audio = np.concatenate([chunk.audio_int16_array for chunk in voice.synthesize(PLAYBACK_TEXT, fixed)])
-    speech = resample(audio, voice.config.sample_rate, RATE)
-    out = np.concatenate([np.zeros(int(LEAD_S * RATE), np.int16), speech])
+    speech = resample(audio, voice.config.sample_rate, SPEECH_RATE)
+    out = np.concatenate([np.zeros(int(LEAD_S * SPEECH_RATE), np.int16), speech])
     return out[: len(out) // BLOCK * BLOCK]
 
 
@@ -62,7 +61,7 @@ def user(tmp_path_factory) -> np.ndarray:
         check=True,
         capture_output=True,
     )
-    samples, _ = read_wav(path, RATE, convert=True)
+    samples, _ = read_wav(path, SPEECH_RATE, convert=True)
     return samples
 
 
@@ -70,10 +69,10 @@ def room(signal: np.ndarray, delay_ms: float, gain: float, seed: int) -> np.ndar
     """The echo path: a direct path at ``delay_ms`` plus a 40 ms exponentially decaying tail, scaled so the
     total energy gain is ``gain`` squared. Returns float samples (int16 scale)."""
     rng = np.random.default_rng(seed)
-    d, n = int(delay_ms * RATE / 1000), int(0.04 * RATE)
+    d, n = int(delay_ms * SPEECH_RATE / 1000), int(0.04 * SPEECH_RATE)
     h = np.zeros(d + n)
     h[d] = 1.0
-    h[d + 1 :] = 0.3 * rng.standard_normal(n - 1) * np.exp(-np.arange(1, n) / (0.008 * RATE))
+    h[d + 1 :] = 0.3 * rng.standard_normal(n - 1) * np.exp(-np.arange(1, n) / (0.008 * SPEECH_RATE))
     h *= gain / np.sqrt((h**2).sum())
     return np.convolve(signal.astype(np.float64), h)[: len(signal)]
 
@@ -88,7 +87,7 @@ def to_int16(x: np.ndarray) -> np.ndarray:
 
 def place(speech: np.ndarray, n: int, at_s: float) -> np.ndarray:
     out = np.zeros(n)
-    start = int(at_s * RATE)
+    start = int(at_s * SPEECH_RATE)
     m = min(len(speech), n - start)
     out[start : start + m] = speech[:m]
     return out
@@ -121,7 +120,7 @@ def vad_starts(samples: np.ndarray, chunk: int = BLOCK, delay_s: float = 0.0) ->
     )
     starts = []
     for i in range(0, len(samples), chunk):
-        for event in vad.process(AudioChunk(samples[i : i + chunk], RATE, i / RATE - delay_s)):
+        for event in vad.process(AudioChunk(samples[i : i + chunk], SPEECH_RATE, i / SPEECH_RATE - delay_s)):
             if event.kind == "speech_start":
                 starts.append(event.t)
     return starts
@@ -130,7 +129,7 @@ def vad_starts(samples: np.ndarray, chunk: int = BLOCK, delay_s: float = 0.0) ->
 def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> tuple[np.ndarray, list, EchoSuppressor]:
     """Push the streams in ``chunk``-sample pieces (not the block size, as a network client would); returns the
     output, the VAD's speech_start events with the gate's opinion at that moment, and the suppressor."""
-    sup = EchoSuppressor(RATE, mode=mode)
+    sup = EchoSuppressor(SPEECH_RATE, mode=mode)
     vad = Vad(
         resolve("silero-vad", "vad").path,
         engine="silero",
@@ -144,7 +143,7 @@ def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> t
         out = sup.process(mic[i : i + chunk], ref[i : i + chunk])
         assert len(out) == len(mic[i : i + chunk])
         outs.append(out)
-        for event in vad.process(AudioChunk(out, RATE, i / RATE - sup.delay_samples / RATE)):
+        for event in vad.process(AudioChunk(out, SPEECH_RATE, i / SPEECH_RATE - sup.delay_samples / SPEECH_RATE)):
             if event.kind == "speech_start":
                 starts.append((event.t, sup.user_speech_likely()))
     return np.concatenate(outs), starts, sup
@@ -168,10 +167,10 @@ def cancel_stream(canceller: EchoCanceller, mic: np.ndarray, ref: np.ndarray) ->
 def test_canceller_erle_on_echo_only(playback, delay_ms, gain):
     echo = room(playback, delay_ms, gain, seed=delay_ms)
     mic = to_int16(echo + noise(len(playback), seed=1))
-    linear, _ = cancel_stream(EchoCanceller(RATE, BLOCK, filter_ms=200, suppress=False), mic, playback)
-    canceller = EchoCanceller(RATE, BLOCK, filter_ms=200)
+    linear, _ = cancel_stream(EchoCanceller(SPEECH_RATE, BLOCK, filter_ms=200, suppress=False), mic, playback)
+    canceller = EchoCanceller(SPEECH_RATE, BLOCK, filter_ms=200)
     out, per_block_ms = cancel_stream(canceller, mic, playback)
-    w = slice(int(5.5 * RATE), len(mic) - BLOCK)  # after 5 s of playback
+    w = slice(int(5.5 * SPEECH_RATE), len(mic) - BLOCK)  # after 5 s of playback
     # the linear stage is linear: its output minus the room noise is exactly the echo it left behind
     left = linear[w].astype(np.float64) - (mic[w] - echo[w])
     linear_db = 10 * np.log10(np.sum(echo[w] ** 2) / np.sum(left**2))
@@ -210,7 +209,7 @@ def test_cancel_mode_user_talking_over_playback_is_heard(playback, user):
     n = len(playback)
     echo = room(playback, 80, 0.6, seed=80)
     speech = place(user, n, USER_AT_S)
-    speech *= rms(echo[int(LEAD_S * RATE) :]) / rms(user)
+    speech *= rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user)
     mic = to_int16(echo + speech + noise(n, seed=4))
     onset = acoustic_onset(user, USER_AT_S)
     alone = vad_starts(to_int16(speech + noise(n, seed=4)))
@@ -236,7 +235,7 @@ def test_gate_mode_never_triggers_on_echo_only(playback, delay_ms, gain):
     out, starts, _ = run_suppressor("gate", mic, playback, chunk=320)
     assert starts == []
     # and the gate itself: while our voice plays, it calls (nearly) every block "explained by the playback"
-    gate = PlaybackGate(RATE, BLOCK)
+    gate = PlaybackGate(SPEECH_RATE, BLOCK)
     playing = [i for i in range(0, len(mic), BLOCK) if rms(playback[i : i + BLOCK]) > 30]
     verdicts = {
         i: gate.update(mic[i : i + BLOCK], playback[i : i + BLOCK], mic[i : i + BLOCK])
@@ -251,11 +250,11 @@ def test_gate_mode_lets_a_louder_user_through(playback, user):
     """Half duplex has a price: the user must stand out from the echo. 6 dB louder than the echo, they do."""
     n = len(playback)
     echo = room(playback, 80, 0.6, seed=80)
-    speech = place(user, n, USER_AT_S) * 2 * rms(echo[int(LEAD_S * RATE) :]) / rms(user)
+    speech = place(user, n, USER_AT_S) * 2 * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user)
     mic = to_int16(echo + speech + noise(n, seed=6))
     onset = acoustic_onset(user, USER_AT_S)
     _, starts, _ = run_suppressor("gate", mic, playback, chunk=320)
-    end = USER_AT_S + len(user) / RATE
+    end = USER_AT_S + len(user) / SPEECH_RATE
     print(f"gate double talk (+6 dB): onset {onset:.3f} s, VAD {[(round(t, 3), ok) for t, ok in starts]}")
     assert starts and all(onset - ONSET_BOUND_S <= t <= end and ok for t, ok in starts)
 
@@ -273,14 +272,14 @@ def test_canceller_reconverges_after_the_delay_jumps(playback, before_ms, after_
         [room(ref, before_ms, 0.6, seed=before_ms)[:jump], room(ref, after_ms, 0.6, seed=after_ms)[jump:]]
     )
     mic = to_int16(echo + noise(len(ref), seed=7))
-    linear, _ = cancel_stream(EchoCanceller(RATE, BLOCK, suppress=False), mic, ref)
+    linear, _ = cancel_stream(EchoCanceller(SPEECH_RATE, BLOCK, suppress=False), mic, ref)
     out, starts, sup = run_suppressor("cancel", mic, ref, chunk=480)
     out = out[sup.delay_samples :]
-    resumed = jump + int(LEAD_S * RATE)  # the second playback starts speaking here
+    resumed = jump + int(LEAD_S * SPEECH_RATE)  # the second playback starts speaking here
     windows = {
-        "before": slice(jump - 4 * RATE, jump),
-        "first second after": slice(resumed, resumed + RATE),
-        "last 4 s": slice(len(mic) - 4 * RATE, len(out)),
+        "before": slice(jump - 4 * SPEECH_RATE, jump),
+        "first second after": slice(resumed, resumed + SPEECH_RATE),
+        "last 4 s": slice(len(mic) - 4 * SPEECH_RATE, len(out)),
     }
     lin = {k: erle(mic[w], linear[w]) for k, w in windows.items()}
     total = {k: erle(mic[w], out[w]) for k, w in windows.items()}
@@ -307,7 +306,7 @@ def test_transparent_when_nothing_plays(user):
     """With no playback the user comes out as they went in, only delayed by ``delay_samples``."""
     mic = to_int16(np.concatenate([user.astype(np.float64), np.zeros(2 * BLOCK)]) + noise(len(user) + 2 * BLOCK, 8))
     for mode in ("off", "gate", "cancel"):
-        sup = EchoSuppressor(RATE, mode=mode)
+        sup = EchoSuppressor(SPEECH_RATE, mode=mode)
         out = np.concatenate([sup.process(mic[i : i + 500], None) for i in range(0, len(mic), 500)])
         d = sup.delay_samples
         assert np.abs(out[d:].astype(int) - mic[: len(mic) - d].astype(int)).max() <= 1, mode
@@ -315,7 +314,7 @@ def test_transparent_when_nothing_plays(user):
 
 
 def test_bad_input_gets_clear_errors():
-    canceller = EchoCanceller(RATE, BLOCK)
+    canceller = EchoCanceller(SPEECH_RATE, BLOCK)
     good = np.zeros(BLOCK, np.int16)
     with pytest.raises(ValueError, match=r"mic has 300 samples.*blocks of 320.*EchoSuppressor"):
         canceller.process(np.zeros(300, np.int16), good)
@@ -327,15 +326,15 @@ def test_bad_input_gets_clear_errors():
         canceller.process(np.zeros((BLOCK, 2), np.int16), good)
     assert canceller.process(good, good).shape == (BLOCK,)  # still usable after the errors
 
-    sup = EchoSuppressor(RATE, mode="cancel")
+    sup = EchoSuppressor(SPEECH_RATE, mode="cancel")
     with pytest.raises(ValueError, match=r"mic has 480 samples but reference has 320.*pad it with zeros"):
         sup.process(np.zeros(480, np.int16), np.zeros(320, np.int16))
     with pytest.raises(TypeError, match=r"int16"):
         sup.process(np.zeros(480, np.float64), None)
     assert sup.process(np.zeros(480, np.int16), None).shape == (480,)
     with pytest.raises(ValueError, match=r"unknown echo mode 'loud'.*'off', 'gate' or 'cancel'"):
-        EchoSuppressor(RATE, mode="loud")
+        EchoSuppressor(SPEECH_RATE, mode="loud")
     with pytest.raises(ValueError, match=r"cleaned_block has 100 samples"):
-        PlaybackGate(RATE, BLOCK).update(good, good, np.zeros(100, np.int16))
+        PlaybackGate(SPEECH_RATE, BLOCK).update(good, good, np.zeros(100, np.int16))
     with pytest.raises(ValueError, match=r"positive"):
-        EchoCanceller(RATE, 0)
+        EchoCanceller(SPEECH_RATE, 0)

@@ -26,11 +26,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE
 from voice.models import resolve
 from voice.stt import SpeechToText
 
 from broker import Broker, free_port
-from speech import RATE, piper, spoken_as, wer
+from speech import piper, spoken_as, wer
 
 ROOT = Path(__file__).resolve().parent.parent
 PREFIX = "specvoice"
@@ -190,7 +191,7 @@ class Device:
         with wave.open(str(path), "wb") as wav:
             wav.setnchannels(1)
             wav.setsampwidth(2)
-            wav.setframerate(RATE)
+            wav.setframerate(SPEECH_RATE)
             wav.writeframes(samples.astype(np.int16).tobytes())
         subprocess.run(["paplay", f"--device={self.room}", str(path)], check=True, env=self.pulse_env, timeout=60)
 
@@ -219,7 +220,7 @@ class Recording:
                 f"--device={self.speaker}.monitor",
                 "--raw",
                 "--format=s16le",
-                f"--rate={RATE}",
+                f"--rate={SPEECH_RATE}",
                 "--channels=1",
                 str(self.path),
             ],
@@ -356,7 +357,7 @@ async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
     with socket.create_connection(("127.0.0.1", wake_device.wyoming_port), timeout=30):
         pass
     before = len(wake_device.messages())
-    wake_device.play_in_room(np.concatenate([piper("Hey Jarvis."), np.zeros(RATE, dtype=np.int16)]))
+    wake_device.play_in_room(np.concatenate([piper("Hey Jarvis."), np.zeros(SPEECH_RATE, dtype=np.int16)]))
     event = json.loads(wake_device.wait_for("event", lambda p: "wake_word" in p, after=before, timeout=60))
     assert event["event_type"] == "wake_word" and "jarvis" in json.dumps(event)
     text = "The washing machine has finished."

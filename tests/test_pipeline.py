@@ -11,7 +11,7 @@ import time
 import numpy as np
 import pytest
 
-from audio.frames import SPEECH_RATE as MIC_RATE
+from audio.frames import SPEECH_RATE
 from audio.resample import resample
 from audio.sinks import WavSink
 from voice.assistant import Assistant
@@ -29,7 +29,7 @@ from voice.events import (
 )
 from voice.latency import MARKS
 
-BLOCK = MIC_RATE // 50  # 20 ms
+BLOCK = SPEECH_RATE // 50  # 20 ms
 
 
 @pytest.fixture(scope="module")
@@ -47,7 +47,7 @@ def speech(assistant):
     def make(text: str) -> np.ndarray:
         if text not in cache:
             cache[text] = resample(
-                np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, MIC_RATE
+                np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, SPEECH_RATE
             )
         return cache[text]
 
@@ -105,7 +105,7 @@ class Mic:
                 block = np.pad(block, (0, BLOCK - len(block)))
             ref = None if reference is None else reference(self.t, len(block))
             await self.session.push_audio(block.astype(np.int16), self.t, reference=ref)
-            self.t += BLOCK / MIC_RATE
+            self.t += BLOCK / SPEECH_RATE
             if self.lockstep:
                 await self.session.listener.settle()
                 if (early := self.session.early_reply) is not None:
@@ -114,7 +114,7 @@ class Mic:
             await asyncio.sleep(max(0.0, self.start + (self.t - self.start) / self.speed - self.loop.time()))
 
     async def silence(self, seconds: float, reference=None) -> None:
-        await self.play(np.zeros(int(seconds * MIC_RATE), np.int16), reference)
+        await self.play(np.zeros(int(seconds * SPEECH_RATE), np.int16), reference)
 
 
 def open_session(assistant, lockstep: bool = False) -> tuple[Recorder, WavSink, object, Mic]:
@@ -126,7 +126,7 @@ def open_session(assistant, lockstep: bool = False) -> tuple[Recorder, WavSink, 
 
 def transcribe(assistant, pcm: np.ndarray, rate: int) -> str:
     segments, _ = assistant.stt.model.transcribe(
-        resample(pcm, rate, MIC_RATE).astype(np.float32) / 32768, language="en", beam_size=1
+        resample(pcm, rate, SPEECH_RATE).astype(np.float32) / 32768, language="en", beam_size=1
     )
     return " ".join(s.text for s in segments).strip()
 
@@ -352,7 +352,7 @@ async def test_short_noise_is_not_a_barge_in(assistant, speech):
     session, mic = await _reply_in_progress(assistant, speech, rec, sink, lambda e: isinstance(e, ReplyAudio))
     blip = speech("Mhm.")
     voiced = np.flatnonzero(np.abs(blip) > 500)
-    short = blip[voiced[0] : voiced[0] + int(0.12 * MIC_RATE)]  # 120 ms: under vad.min_speech_ms
+    short = blip[voiced[0] : voiced[0] + int(0.12 * SPEECH_RATE)]  # 120 ms: under vad.min_speech_ms
     await mic.play(short)
     await mic.silence(0.5)
     feeder = asyncio.create_task(mic.silence(60.0))
@@ -372,7 +372,7 @@ async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
     def on_event(event):
         nonlocal played
         if isinstance(event, ReplyAudio):
-            played = np.concatenate([played, resample(event.samples, event.sample_rate, MIC_RATE)])
+            played = np.concatenate([played, resample(event.samples, event.sample_rate, SPEECH_RATE)])
         rec(event)
 
     session = assistant.session(on_event, sink=sink)
@@ -385,11 +385,11 @@ async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
         if sink.first_audible_t is None:
             return np.zeros(n, np.int16)
         start = start if start is not None else t
-        i = int((t - start) * MIC_RATE)
+        i = int((t - start) * SPEECH_RATE)
         return np.pad(played[i : i + n], (0, max(0, n - len(played[i : i + n]))))
 
     async def room():
-        delay = int(0.06 * MIC_RATE)
+        delay = int(0.06 * SPEECH_RATE)
         history = np.zeros(delay, np.int16)
         while True:
             ref = reference(mic.t, BLOCK)
@@ -397,8 +397,8 @@ async def test_own_voice_through_the_room_never_barges_in(assistant, speech):
             echo = (history[:BLOCK] * 0.5).astype(np.int16)
             history = history[BLOCK:]
             await session.push_audio(echo, mic.t, reference=ref)
-            mic.t += BLOCK / MIC_RATE
-            await asyncio.sleep(BLOCK / MIC_RATE)
+            mic.t += BLOCK / SPEECH_RATE
+            await asyncio.sleep(BLOCK / SPEECH_RATE)
 
     task = asyncio.create_task(room())
     done = await rec.turn_done(timeout=180)

@@ -27,12 +27,12 @@ from voice.assistant import Assistant
 from voice.config import ConfigError
 from voice.server import serve
 from voice.speechset import espeak_utterance, wer
+from voice.transports.realtime_wire import WIRE_RATE
 
 from broker import free_port
 from realtime_client import b64, make_config
 from serving import sdk, serving
 
-WIRE = 24000
 SERVER_EVENTS = {
     get_args(cls.model_fields["type"].annotation)[0]: cls
     for cls in get_args(get_args(realtime_server_event.RealtimeServerEvent)[0])
@@ -100,8 +100,10 @@ def audio_of(events: list[dict]) -> np.ndarray:
 
 async def send_speech(conn, samples24: np.ndarray, *, silence_s: float = 1.2, speed: float = 4.0) -> None:
     """Speech then silence, in 100 ms appends, ``speed`` times faster than real time."""
-    audio = np.concatenate([np.zeros(WIRE // 5, np.int16), samples24, np.zeros(int(silence_s * WIRE), np.int16)])
-    step = WIRE // 10
+    audio = np.concatenate(
+        [np.zeros(WIRE_RATE // 5, np.int16), samples24, np.zeros(int(silence_s * WIRE_RATE), np.int16)]
+    )
+    step = WIRE_RATE // 10
     for i in range(0, len(audio), step):
         await conn.input_audio_buffer.append(audio=b64(audio[i : i + step]))
         await asyncio.sleep(0.1 / speed)
@@ -144,8 +146,8 @@ async def test_text_turn_gets_text_audio_and_latency_trace(assistant):
             assert done["output"][0]["content"][0]["transcript"].strip() == transcript.strip()
             # the audio is 24 kHz speech of that text: transcribe it back with the server's own STT
             audio = audio_of(events)
-            assert len(audio) > WIRE // 2
-            heard = await assistant.stt.transcribe(resample(audio, WIRE, 16000))
+            assert len(audio) > WIRE_RATE // 2
+            heard = await assistant.stt.transcribe(resample(audio, WIRE_RATE, 16000))
             assert wer(transcript, heard) < 0.6, (transcript, heard)
             latency = next(e for e in events if e["type"] == "specvoice.latency")
             assert latency["response_id"] == done["id"]
@@ -165,7 +167,7 @@ async def test_spoken_turn_with_server_vad(assistant):
     async with running(config, assistant) as url:
         async with sdk(url).realtime.connect(model="smollm2") as conn:
             await events_until(conn, "session.created")
-            await send_speech(conn, espeak_utterance(question, rate=WIRE))
+            await send_speech(conn, espeak_utterance(question, rate=WIRE_RATE))
             events = await events_until(conn, "response.done")
             kinds = types(events)
             for kind in (
@@ -219,9 +221,9 @@ async def test_manual_turn_taking_commit_then_response_create(assistant):
             updated = (await events_until(conn, "session.updated"))[-1]["session"]
             assert updated["audio"]["input"]["turn_detection"] is None
             assert updated["output_modalities"] == ["text"]
-            speech = espeak_utterance(question, rate=WIRE)
-            for i in range(0, len(speech), WIRE // 5):
-                await conn.input_audio_buffer.append(audio=b64(speech[i : i + WIRE // 5]))
+            speech = espeak_utterance(question, rate=WIRE_RATE)
+            for i in range(0, len(speech), WIRE_RATE // 5):
+                await conn.input_audio_buffer.append(audio=b64(speech[i : i + WIRE_RATE // 5]))
             await conn.input_audio_buffer.commit()
             await conn.response.create()
             events = await events_until(conn, "response.done")
@@ -235,7 +237,7 @@ async def test_manual_turn_taking_commit_then_response_create(assistant):
             assert "response.output_text.delta" in kinds and "response.output_audio.delta" not in kinds
 
             # clearing the buffer: the next commit has nothing to commit
-            await conn.input_audio_buffer.append(audio=b64(speech[:WIRE]))
+            await conn.input_audio_buffer.append(audio=b64(speech[:WIRE_RATE]))
             await conn.input_audio_buffer.clear()
             assert (await events_until(conn, "input_audio_buffer.cleared"))[-1]["type"] == "input_audio_buffer.cleared"
             await conn.input_audio_buffer.commit()
@@ -453,7 +455,7 @@ async def test_speech_during_a_reply_is_a_barge_in(assistant):
             await ask_for_a_long_story(conn)
             first = await events_until(conn, "response.output_audio.delta")
             response_id = next(e for e in first if e["type"] == "response.created")["response"]["id"]
-            await send_speech(conn, espeak_utterance("Stop. What is your name?", rate=WIRE))
+            await send_speech(conn, espeak_utterance("Stop. What is your name?", rate=WIRE_RATE))
             events: list[dict] = []
             while not events or events[-1]["response"]["id"] == response_id:  # until the new reply is done
                 events += await events_until(conn, "response.done")
@@ -480,9 +482,9 @@ async def test_truncate_after_a_barge_in_keeps_only_the_heard_words(assistant):
             first = await events_until(conn, "response.output_audio.delta")
             item_id = first[-1]["item_id"]
             await asyncio.sleep(3.0)  # by its own clock the server would now think ~3 s of the reply were heard
-            question = espeak_utterance("Stop. What is your name?", rate=WIRE)
-            for i in range(0, len(question), WIRE // 10):  # the interruption, without its trailing silence yet
-                await conn.input_audio_buffer.append(audio=b64(question[i : i + WIRE // 10]))
+            question = espeak_utterance("Stop. What is your name?", rate=WIRE_RATE)
+            for i in range(0, len(question), WIRE_RATE // 10):  # the interruption, without its trailing silence yet
+                await conn.input_audio_buffer.append(audio=b64(question[i : i + WIRE_RATE // 10]))
             seen = await events_until(conn, "input_audio_buffer.speech_started")
             generated = "".join(
                 e["delta"] for e in first + seen if e["type"] == "response.output_audio_transcript.delta"
@@ -494,7 +496,7 @@ async def test_truncate_after_a_barge_in_keeps_only_the_heard_words(assistant):
             truncated = tr_events[-1]
             assert truncated["item_id"] == item_id and truncated["audio_end_ms"] == 1000
             interrupted = session.last_turn
-            await conn.input_audio_buffer.append(audio=b64(np.zeros(int(1.5 * WIRE), np.int16)))
+            await conn.input_audio_buffer.append(audio=b64(np.zeros(int(1.5 * WIRE_RATE), np.int16)))
             first_id = next(e for e in first if e["type"] == "response.created")["response"]["id"]
             later: list[dict] = []
             while not later or later[-1]["response"]["id"] == first_id:  # the answer to the interruption

@@ -20,9 +20,9 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.transports.realtime_items import Items
 from voice.transports.realtime_responses import Responses
-from voice.transports.realtime_wire import WireFormat
+from voice.transports.realtime_wire import WIRE_RATE, WireFormat
 
-from realtime_client import WIRE, b64, make_config, realtime
+from realtime_client import b64, make_config, realtime
 from test_audio_codecs import realtime_chunks, snr_db, tone
 
 
@@ -55,16 +55,16 @@ async def through_server_input(assistant: Any, fmt: dict, wire: np.ndarray, rate
 
 
 async def test_tone_snr_through_the_server_input_path(assistant):
-    x = tone(WIRE, 3.0)
-    before = np.concatenate([resample(x[c], WIRE, 16000) for c in realtime_chunks(len(x), WIRE)])
-    after = await through_server_input(assistant, {"type": "audio/pcm", "rate": WIRE}, x, WIRE, b64)
+    x = tone(WIRE_RATE, 3.0)
+    before = np.concatenate([resample(x[c], WIRE_RATE, 16000) for c in realtime_chunks(len(x), WIRE_RATE)])
+    after = await through_server_input(assistant, {"type": "audio/pcm", "rate": WIRE_RATE}, x, WIRE_RATE, b64)
     before_db, after_db = snr_db(before, 16000), snr_db(after, 16000)
     print(
         f"\n440 Hz tone, 24 kHz pcm appends of 20-100 ms -> the ears (16 kHz): before (a resampler per chunk) "
         f"{before_db:.1f} dB, after (one per session) {after_db:.1f} dB"
     )
     assert after_db >= 80.0 and before_db < 50.0, (before_db, after_db)
-    assert abs(len(after) - len(x) * 16000 // WIRE) <= 16000 * 0.04  # only the stream's held-back tail is missing
+    assert abs(len(after) - len(x) * 16000 // WIRE_RATE) <= 16000 * 0.04  # only the stream's held-back tail is missing
 
 
 async def test_tone_snr_through_the_server_g711_input(assistant):
@@ -105,11 +105,11 @@ def test_tone_snr_through_a_response_audio_path():
     after = np.concatenate(
         [np.frombuffer(base64.b64decode(e["delta"]), "<i2") for e in sent if e["type"] == "response.output_audio.delta"]
     )
-    before = np.concatenate([resample(x[c], voice_rate, WIRE) for c in chunks])
-    before_db, after_db = snr_db(before, WIRE), snr_db(after, WIRE)
+    before = np.concatenate([resample(x[c], voice_rate, WIRE_RATE) for c in chunks])
+    before_db, after_db = snr_db(before, WIRE_RATE), snr_db(after, WIRE_RATE)
     print(
         f"\n440 Hz tone, voice 22.05 kHz -> response deltas at 24 kHz: before {before_db:.1f} dB, "
         f"after {after_db:.1f} dB"
     )
     assert after_db >= 80.0 and before_db < 50.0, (before_db, after_db)
-    assert len(after) == round(len(x) * WIRE / voice_rate)  # the tail is flushed into the last delta
+    assert len(after) == round(len(x) * WIRE_RATE / voice_rate)  # the tail is flushed into the last delta

@@ -17,8 +17,9 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 from voice.transports.realtime_responses import LATENCY_KEY
+from voice.transports.realtime_wire import WIRE_RATE
 
-from realtime_client import WIRE, b64, errors, make_config, realtime, types
+from realtime_client import b64, errors, make_config, realtime, types
 
 WEATHER = {
     "type": "function",
@@ -319,4 +320,4 @@ async def test_unsupported_requests_get_one_error_naming_them_and_the_session_go
         await client.send(type="session.update", session={"type": "realtime", "instructions": "Be brief."})
         events = await client.until("session.updated")
         assert errors(events) == []  # exactly one error each, above
-        assert events[-1]["session"]["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": WIRE}
+        assert events[-1]["session"]["audio"]["output"]["format"] == {"type": "audio/pcm", "rate": WIRE_RATE}

@@ -38,11 +38,11 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noq
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
+from voice.transports.realtime_wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving
 
-WIRE = 24000
 TOKEN = "pipecat-test-token"
 RULE = "Answer in one short sentence."
 
@@ -69,7 +69,7 @@ class Frames(FrameProcessor):
         return [f for _, n, f in self.seen[since:] if n == name]
 
     def audio_s(self, since: int = 0) -> float:
-        return sum(len(f.audio) for f in self.named("TTSAudioRawFrame", since)) / (2 * WIRE)
+        return sum(len(f.audio) for f in self.named("TTSAudioRawFrame", since)) / (2 * WIRE_RATE)
 
 
 async def wait_until(check, timeout: float) -> None:
@@ -116,11 +116,19 @@ async def test_pipecat_realtime_service_survives_a_barge_in(assistant, monkeypat
 
             question = "What is your name?"
             speech = np.concatenate(
-                [np.zeros(WIRE // 5, np.int16), espeak_utterance(question, WIRE), np.zeros(int(1.5 * WIRE), np.int16)]
+                [
+                    np.zeros(WIRE_RATE // 5, np.int16),
+                    espeak_utterance(question, WIRE_RATE),
+                    np.zeros(int(1.5 * WIRE_RATE), np.int16),
+                ]
             )
-            for i in range(0, len(speech), WIRE // 10):  # 100 ms frames, twice real time
+            for i in range(0, len(speech), WIRE_RATE // 10):  # 100 ms frames, twice real time
                 await task.queue_frames(
-                    [InputAudioRawFrame(audio=speech[i : i + WIRE // 10].tobytes(), sample_rate=WIRE, num_channels=1)]
+                    [
+                        InputAudioRawFrame(
+                            audio=speech[i : i + WIRE_RATE // 10].tobytes(), sample_rate=WIRE_RATE, num_channels=1
+                        )
+                    ]
                 )
                 await asyncio.sleep(0.05)
             await wait_until(lambda: down.named("LLMFullResponseEndFrame", mark) and down.audio_s(mark) > 0, 120)

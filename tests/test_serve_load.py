@@ -21,12 +21,12 @@ from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance
+from voice.transports.realtime_wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving
 
 SESSIONS, TURNS = 8, 5
-WIRE = 24000
 QUESTIONS = [
     "What is the capital of France?",
     "How are you today?",
@@ -54,8 +54,8 @@ async def converse(url: str, speech: list[np.ndarray], rss: list[int], results: 
     async with client.realtime.connect(model="smollm2") as conn:
         assert json.loads(await conn.recv_bytes())["type"] == "session.created"
         for turn, samples in enumerate(speech):
-            audio = np.concatenate([samples, np.zeros(int(1.2 * WIRE), np.int16)])
-            step = WIRE // 10
+            audio = np.concatenate([samples, np.zeros(int(1.2 * WIRE_RATE), np.int16)])
+            step = WIRE_RATE // 10
             speech_end = None
             for i in range(0, len(audio), step):
                 await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step].tobytes()).decode())
@@ -93,7 +93,7 @@ async def test_eight_sessions_five_spoken_turns_each(small_config, capsys):
     config.server.port = free_port()
     config.wyoming.enabled = False
     assistant = await Assistant.load(config)
-    speech = [espeak_utterance(q, rate=WIRE) for q in QUESTIONS]
+    speech = [espeak_utterance(q, rate=WIRE_RATE) for q in QUESTIONS]
     url = f"ws://127.0.0.1:{config.server.port}/v1"
     baseline_sessions, baseline_tasks = len(assistant._sessions), len(asyncio.all_tasks())
     rss_start = psutil.Process().memory_info().rss

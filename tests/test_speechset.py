@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE
 from voice.models import resolve
 from voice.speechset import (
     COMPLETE_REQUESTS,
     PAUSED_REQUESTS,
     PAUSES_S,
-    RATE,
     TURN_VOICES,
     VARIED_SENTENCES,
     VARIED_VOICES,
@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DIGEST = """
 import hashlib
 from voice.speechset import VARIED_VOICES, VARIED_SENTENCES, _assemble
+from audio.frames import SPEECH_RATE
 h = hashlib.sha256()
 for v in (VARIED_VOICES[2], VARIED_VOICES[9], VARIED_VOICES[11]):
     h.update(_assemble("check/" + v.name, v, [VARIED_SENTENCES[1]], [], 0.25, 0.25).audio.tobytes())
@@ -75,9 +76,9 @@ def test_sets_cover_every_voice_and_sentence_with_the_right_references():
     assert {round(x, 3) for x in lengths} == set(PAUSES_S)
     for u in paused:
         if u.voice.noise is None:  # a clean pause is exact silence, and the speech around it is not
-            a, b = (int(x * RATE) for x in u.pause)
+            a, b = (int(x * SPEECH_RATE) for x in u.pause)
             assert not u.audio[a + 1 : b - 1].any()
-            assert np.abs(u.audio[int(u.spans[1][0] * RATE) : int(u.spans[1][1] * RATE)]).max() > 300
+            assert np.abs(u.audio[int(u.spans[1][0] * SPEECH_RATE) : int(u.spans[1][1] * SPEECH_RATE)]).max() > 300
 
 
 def test_references_match_what_was_said(small_config):
@@ -97,7 +98,7 @@ def test_references_match_what_was_said(small_config):
     errors = words = 0.0
     for u, halves in zip(paused_turns(), PAUSED_REQUESTS, strict=False):  # the first voice: each half on its own
         for (start, end), half in zip(u.spans, halves, strict=False):
-            piece = u.audio[int((start - 0.2) * RATE) : int((end + 0.2) * RATE)]
+            piece = u.audio[int((start - 0.2) * SPEECH_RATE) : int((end + 0.2) * SPEECH_RATE)]
             heard = "".join(w.text for w in stt.decode(piece.astype(np.float32) / 32768))
             heard = heard.replace("10", "ten")  # Whisper writes numbers as digits
             errors += wer(half, heard) * len(normalize_words(half))
@@ -114,14 +115,14 @@ def test_noise_is_mixed_at_the_stated_snr(voice):
         [noisy.text],
         [],
         noisy.spans[0][0],
-        len(noisy.audio) / RATE - noisy.spans[0][1],
+        len(noisy.audio) / SPEECH_RATE - noisy.spans[0][1],
     )
     assert clean.spans == noisy.spans and len(clean.audio) == len(noisy.audio)
     added = noisy.audio.astype(np.float64) - clean.audio
-    inside = [added[int(a * RATE) : int(b * RATE)] for a, b in noisy.spans]
+    inside = [added[int(a * SPEECH_RATE) : int(b * SPEECH_RATE)] for a, b in noisy.spans]
     snr = 10 * np.log10(speech_power(clean.audio, noisy.spans) / np.mean(np.square(np.concatenate(inside))))
     assert snr == pytest.approx(voice.snr_db, abs=0.05)
-    lead = noisy.audio[: int(noisy.spans[0][0] * RATE)]
+    lead = noisy.audio[: int(noisy.spans[0][0] * SPEECH_RATE)]
     assert np.sqrt(np.mean(np.square(lead.astype(np.float64)))) > 20  # the noise runs under the silences too
 
 
@@ -129,11 +130,11 @@ def test_noise_is_seeded_and_coloured():
     a, b, c = noise("pink", 16000, 1), noise("pink", 16000, 1), noise("pink", 16000, 2)
     assert np.array_equal(a, b) and not np.array_equal(a, c)
     for kind in ("pink", "brown", "white"):
-        n = noise(kind, 4 * RATE, 7).astype(np.float64)
+        n = noise(kind, 4 * SPEECH_RATE, 7).astype(np.float64)
         spectrum = np.abs(np.fft.rfft(n)) ** 2
-        freqs = np.fft.rfftfreq(len(n), 1 / RATE)
+        freqs = np.fft.rfftfreq(len(n), 1 / SPEECH_RATE)
         low, high = spectrum[(freqs > 100) & (freqs < 400)].mean(), spectrum[(freqs > 3000) & (freqs < 6000)].mean()
         assert (low / high > 3) if kind != "white" else (0.5 < low / high < 2)
-    speech = (np.sin(np.arange(RATE) / 3) * 8000).astype(np.int16)
+    speech = (np.sin(np.arange(SPEECH_RATE) / 3) * 8000).astype(np.int16)
     mixed = mix_at_snr(speech, ((0.0, 1.0),), "white", 10.0, seed=3)
     assert mixed.dtype == np.int16 and np.array_equal(mixed, mix_at_snr(speech, ((0.0, 1.0),), "white", 10.0, seed=3))

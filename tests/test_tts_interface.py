@@ -10,13 +10,13 @@ from collections.abc import AsyncIterator
 import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE
 from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.models import resolve
 from voice.remote_speech import RemoteTextToSpeech
 from voice.tts import SpeechSynthesizer, TextToSpeech
 
-RATE = 16000
 WORD_S = 0.1
 
 
@@ -24,14 +24,14 @@ class ToneVoice:
     """A stand-in engine (a fake for the voice itself, not for the interface under test): one 100 ms tone per
     word, at a sample rate piper never uses, so the audio that comes out can only have come from here."""
 
-    sample_rate = RATE
+    sample_rate = SPEECH_RATE
     language = "en_GB"
 
     def __init__(self) -> None:
         self.fragments: list[str] = []
 
     def synthesize(self, text: str, stop: threading.Event | None = None) -> list[np.ndarray]:
-        t = np.arange(int(RATE * WORD_S)) / RATE
+        t = np.arange(int(SPEECH_RATE * WORD_S)) / SPEECH_RATE
         tone = (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16)
         return [tone.copy() for _ in text.split()]
 
@@ -63,18 +63,18 @@ async def tone_assistant(small_config):
 
 async def test_a_stand_in_engine_speaks_say_and_ask(tone_assistant):
     assistant, voice = tone_assistant
-    assert assistant.tts_sample_rate == RATE
+    assert assistant.tts_sample_rate == SPEECH_RATE
     sink = WavSink(None, assistant.tts_sample_rate, realtime=False)
     session = assistant.session(sink=sink, name="tone")
     try:
         said = await session.say("The porch light is on.")
         assert said is not None and said.reply == "The porch light is on."
-        assert len(sink.audio) == 5 * int(RATE * WORD_S)
+        assert len(sink.audio) == 5 * int(SPEECH_RATE * WORD_S)
         sink.played.clear()
         before = len(voice.fragments)
         answered = await session.ask("Say hello.")
         assert answered.reply.strip() and not answered.interrupted
         words = sum(len(fragment.split()) for fragment in voice.fragments[before:])
-        assert words >= len(answered.reply.split()) > 0 and len(sink.audio) == words * int(RATE * WORD_S)
+        assert words >= len(answered.reply.split()) > 0 and len(sink.audio) == words * int(SPEECH_RATE * WORD_S)
     finally:
         await session.close()

@@ -7,7 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.turn import (
     TRANSCRIPT_PROMPT,
     EndOfTurnPolicy,
@@ -21,11 +21,11 @@ from audio.turn import (
 from audio.vad import Vad
 from voice.config import load_config
 from voice.models import REGISTRY, check_cache, resolve
-from voice.speechset import RATE, Voice
+from voice.speechset import Voice
 from voice.stt import SpeechToText
 
 JOE = Voice("piper-joe", "piper")
-BLOCK = RATE // 50  # 20 ms
+BLOCK = SPEECH_RATE // 50  # 20 ms
 
 
 @pytest.fixture(scope="module")
@@ -46,13 +46,13 @@ def tiny(small_config):
 def spoken(*pieces: str, pause_s: float = 0.6) -> tuple[np.ndarray, list[tuple[float, float]]]:
     """The pieces in piper's voice joined by ``pause_s`` of silence, 0.5 s before and 2 s after; with the
     (start, end) second of each piece."""
-    chunks, spans, t = [np.zeros(RATE // 2, np.int16)], [], 0.5
+    chunks, spans, t = [np.zeros(SPEECH_RATE // 2, np.int16)], [], 0.5
     for i, text in enumerate(pieces):
         audio = JOE.speak(text)
-        spans.append((t, t + len(audio) / RATE))
+        spans.append((t, t + len(audio) / SPEECH_RATE))
         gap = pause_s if i < len(pieces) - 1 else 2.0
-        chunks += [audio, np.zeros(int(gap * RATE), np.int16)]
-        t += len(audio) / RATE + gap
+        chunks += [audio, np.zeros(int(gap * SPEECH_RATE), np.int16)]
+        t += len(audio) / SPEECH_RATE + gap
     return np.concatenate(chunks), spans
 
 
@@ -62,8 +62,8 @@ def play(audio, vad, policy, smart=None, stt=None):
     step and its stream time, or (None, None)."""
     vad.reset()
     for i in range(0, len(audio) - BLOCK + 1, BLOCK):
-        vad.process(AudioChunk(audio[i : i + BLOCK], RATE, i / RATE))
-        t = (i + BLOCK) / RATE
+        vad.process(AudioChunk(audio[i : i + BLOCK], SPEECH_RATE, i / SPEECH_RATE))
+        t = (i + BLOCK) / SPEECH_RATE
         step = policy.observe(t, vad.speaking and vad.pause_since is None, vad.pause_since)
         if step.action is TurnAction.ASK:
             heard = audio[: i + BLOCK]
@@ -121,11 +121,13 @@ def test_without_the_model_the_vad_rule_ends_the_turn(vad, tmp_path):
 
 
 def test_probability_separates_finished_from_unfinished_speech(smart):
-    tail = np.zeros(RATE // 5, np.int16)  # the 200 ms of silence the policy waits for
+    tail = np.zeros(SPEECH_RATE // 5, np.int16)  # the 200 ms of silence the policy waits for
     done = smart.probability(np.concatenate([JOE.speak("Turn off the lights in the kitchen."), tail]))
     cut = smart.probability(np.concatenate([JOE.speak("What is the weather like in"), tail]))
     assert 0.0 <= cut < 0.5 <= done <= 1.0
-    assert smart.probability(np.zeros(RATE, np.int16)) == pytest.approx(smart.probability(np.zeros(10, np.int16)))
+    assert smart.probability(np.zeros(SPEECH_RATE, np.int16)) == pytest.approx(
+        smart.probability(np.zeros(10, np.int16))
+    )
 
 
 # ---- features and model provisioning --------------------------------------------------------------------------
@@ -138,7 +140,7 @@ def test_features_match_whisper_feature_extractor():
     window = model_window(audio)
     reference = WhisperFeatureExtractor(chunk_length=8)(
         window,
-        sampling_rate=RATE,
+        sampling_rate=SPEECH_RATE,
         return_tensors="np",
         padding="max_length",
         max_length=len(window),
@@ -153,9 +155,9 @@ def test_features_match_whisper_feature_extractor():
 def test_model_window_keeps_the_end_and_pads_in_front():
     short = np.arange(1, 101, dtype=np.int16)
     window = model_window(short)
-    assert len(window) == 8 * RATE and not window[:-100].any() and window[-1] == pytest.approx(100 / 32768)
-    long = np.arange(9 * RATE, dtype=np.float32) / (9 * RATE)
-    assert model_window(long)[0] == long[RATE] and model_window(long)[-1] == long[-1]
+    assert len(window) == 8 * SPEECH_RATE and not window[:-100].any() and window[-1] == pytest.approx(100 / 32768)
+    long = np.arange(9 * SPEECH_RATE, dtype=np.float32) / (9 * SPEECH_RATE)
+    assert model_window(long)[0] == long[SPEECH_RATE] and model_window(long)[-1] == long[-1]
     with pytest.raises(ValueError, match="model_window"):
         log_mel(np.zeros(100, np.float32))
 

@@ -40,6 +40,7 @@ from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 from voice.transports.common import SessionSlots, Shared
 from voice.transports.realtime_server import RealtimeServer
+from voice.transports.realtime_wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving
@@ -49,7 +50,6 @@ CHROMEDRIVER = "/usr/bin/chromedriver"
 FIREFOX = "firefox-esr"
 ARTEFACTS = Path(__file__).resolve().parent.parent / "bench-results" / "web-page"
 TOKEN = "page-test-token"
-WIRE = 24000
 
 
 @pytest.fixture(scope="module")
@@ -153,10 +153,10 @@ async def test_token_by_subprotocol_selects_realtime(assistant):
 def utterance_wav(path: Path, parts: list[tuple[str, float]]) -> Path:
     """A 16-bit 24 kHz WAV: ~1 s of silence (Chromium may drop the first 10-20 ms), then each (text, silence
     after it in seconds). 16-bit because a 24-bit WAV gave a silent microphone with no error."""
-    audio = [np.zeros(WIRE, np.int16)]
+    audio = [np.zeros(WIRE_RATE, np.int16)]
     for text, pause in parts:
-        audio += [espeak_utterance(text, WIRE), np.zeros(int(pause * WIRE), np.int16)]
-    write_wav(path, np.concatenate(audio), WIRE)
+        audio += [espeak_utterance(text, WIRE_RATE), np.zeros(int(pause * WIRE_RATE), np.int16)]
+    write_wav(path, np.concatenate(audio), WIRE_RATE)
     return path
 
 
@@ -278,7 +278,7 @@ async def test_browser_page_hears_the_question_and_plays_the_reply(assistant, tm
     )
 
     assert state["errors"] == [] and state["console"] == [], (state["errors"], state["console"])
-    assert state["micSamplesSent"] >= 2 * WIRE  # the microphone streamed at 24 kHz
+    assert state["micSamplesSent"] >= 2 * WIRE_RATE  # the microphone streamed at 24 kHz
     # what was said, on the page (WER-tolerant: whisper tiny.en on espeak)
     assert wer(question, state["transcript"]) <= 0.34, state["transcript"]
     assert state["shown"]["user"] == [state["transcript"]]
@@ -469,9 +469,9 @@ async def test_firefox_streams_the_microphone_and_plays_a_typed_turn(assistant, 
 
         await bidi.evaluate(context, "document.getElementById('start').click()")
         deadline = time.monotonic() + 60
-        while (s := await state())["micSamplesSent"] < WIRE and time.monotonic() < deadline:
+        while (s := await state())["micSamplesSent"] < WIRE_RATE and time.monotonic() < deadline:
             await asyncio.sleep(0.25)
-        assert s["connected"] and s["micSamplesSent"] >= WIRE, s  # the worklet resamples Firefox's mic
+        assert s["connected"] and s["micSamplesSent"] >= WIRE_RATE, s  # the worklet resamples Firefox's mic
         await bidi.evaluate(
             context,
             "document.getElementById('typed').value = 'Say hello to Bob.';"

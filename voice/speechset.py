@@ -34,7 +34,6 @@ from audio.resample import resample
 from audio.wavfile import read_wav
 from voice.models import resolve
 
-RATE = SPEECH_RATE
 # everyday assistant requests without numbers (Whisper writes "10" for "ten", which WER would count wrong)
 SENTENCES = [
     "Turn on the lights in the kitchen.",
@@ -47,7 +46,7 @@ SENTENCES = [
 
 
 @functools.lru_cache(maxsize=512)
-def espeak_utterance(text: str, rate: int = RATE, wpm: int = 150, voice: str = "en-us") -> np.ndarray:
+def espeak_utterance(text: str, rate: int = SPEECH_RATE, wpm: int = 150, voice: str = "en-us") -> np.ndarray:
     """``text`` spoken by the espeak-ng command (22.05 kHz) in ``voice`` (e.g. "en-gb-scotland+f3": an accent
     from `espeak-ng --voices=en`, optionally + a variant), resampled to ``rate``, int16 mono."""
     if shutil.which("espeak-ng") is None:
@@ -70,7 +69,7 @@ def _piper_voice(name: str = "piper-joe-medium"):
 
 @functools.lru_cache(maxsize=512)
 def piper_utterance(
-    text: str, rate: int = RATE, *, length_scale: float | None = None, deterministic: bool = False
+    text: str, rate: int = SPEECH_RATE, *, length_scale: float | None = None, deterministic: bool = False
 ) -> np.ndarray:
     """``text`` spoken by the bundled piper voice, resampled to ``rate``, int16 mono. ``length_scale`` > 1 speaks
     slower. Piper samples noise inside its model, so two calls differ slightly; ``deterministic`` turns that
@@ -171,7 +170,7 @@ def _noise_bed(kind: NoiseKind, seconds: int = 60) -> np.ndarray:
                 "-R",
                 "-n",
                 "-r",
-                str(RATE),
+                str(SPEECH_RATE),
                 "-c",
                 "1",
                 "-b",
@@ -200,7 +199,7 @@ def noise(kind: NoiseKind, n: int, seed: int) -> np.ndarray:
     return bed[start : start + n]
 
 
-def speech_power(samples: np.ndarray, spans: tuple[tuple[float, float], ...], rate: int = RATE) -> float:
+def speech_power(samples: np.ndarray, spans: tuple[tuple[float, float], ...], rate: int = SPEECH_RATE) -> float:
     """Mean power of ``samples`` inside the spoken spans: the "signal" of a signal-to-noise ratio."""
     pieces = [samples[int(a * rate) : int(b * rate)].astype(np.float64) for a, b in spans]
     return float(np.mean(np.square(np.concatenate(pieces))))
@@ -226,15 +225,15 @@ def _assemble(
     uid: str, voice: Voice, pieces: list[str], pauses_s: list[float], lead_s: float, tail_s: float
 ) -> Utterance:
     """Speak each piece on its own and join them with the given silences; add lead and tail silence."""
-    chunks, spans, t = [np.zeros(int(lead_s * RATE), np.int16)], [], lead_s
+    chunks, spans, t = [np.zeros(int(lead_s * SPEECH_RATE), np.int16)], [], lead_s
     for i, piece in enumerate(pieces):
         audio = voice.speak(piece)
-        spans.append((t, t + len(audio) / RATE))
+        spans.append((t, t + len(audio) / SPEECH_RATE))
         chunks.append(audio)
-        t += len(audio) / RATE
+        t += len(audio) / SPEECH_RATE
         gap = pauses_s[i] if i < len(pauses_s) else tail_s
-        chunks.append(np.zeros(round(gap * RATE), np.int16))
-        t += len(chunks[-1]) / RATE
+        chunks.append(np.zeros(round(gap * SPEECH_RATE), np.int16))
+        t += len(chunks[-1]) / SPEECH_RATE
     audio = np.concatenate(chunks)
     if voice.noise is not None:
         audio = mix_at_snr(audio, tuple(spans), voice.noise, voice.snr_db, _seed(uid))

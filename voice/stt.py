@@ -50,7 +50,6 @@ from voice.models import ModelError, Resolved, hub_error
 
 log = logging.getLogger("specvoice.stt")
 
-RATE = SPEECH_RATE
 WHISPER_WINDOW_S = 30  # the window Whisper was trained on
 MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
@@ -174,7 +173,7 @@ class SpeechToText:
                 log.debug("fitted window piled words up: whole window", extra={"text": _join(words)})
                 words = self._decode(audio, WHISPER_WINDOW_S, prompt, beam_size)
             self.passes += 1
-            self.decoded_s += len(audio) / RATE
+            self.decoded_s += len(audio) / SPEECH_RATE
         return words
 
     def _decode(self, audio: np.ndarray, window_s: int, prompt: str | None, beam_size: int | None) -> list[Word]:
@@ -205,13 +204,13 @@ class SpeechToText:
             return WHISPER_WINDOW_S
         if self.settings.window_s:
             return self.settings.window_s
-        return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / RATE + WINDOW_MARGIN_S)))
+        return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / SPEECH_RATE + WINDOW_MARGIN_S)))
 
     @staticmethod
     def _hallucinated(seg, audio: np.ndarray) -> bool:
         if _norm(seg.text) not in HALLUCINATIONS:
             return False
-        span = audio[int(seg.start * RATE) : max(int(seg.end * RATE), int(seg.start * RATE) + 1)]
+        span = audio[int(seg.start * SPEECH_RATE) : max(int(seg.end * SPEECH_RATE), int(seg.start * SPEECH_RATE) + 1)]
         rms = float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
         return seg.no_speech_prob >= 0.3 or rms < _QUIET_RMS
 
@@ -251,7 +250,7 @@ class StreamingTranscription:
 
     @property
     def duration(self) -> float:
-        return len(self._audio) / RATE
+        return len(self._audio) / SPEECH_RATE
 
     @property
     def elapsed(self) -> float:
@@ -322,7 +321,7 @@ class StreamingTranscription:
         ``style``: an initial prompt for this pass (audio.turn.TRANSCRIPT_PROMPT at a pause); ``final_beam``:
         decode with ``stt.beam_size`` (a pass at a pause becomes the final when the turn ends there), else
         ``stt.partial_beam_size``; ``min_new_s``: skip the pass with less new audio than this."""
-        new_s = (len(self._audio) - max(self._decoded_len, 0)) / RATE
+        new_s = (len(self._audio) - max(self._decoded_len, 0)) / SPEECH_RATE
         if new_s <= 0 or new_s < min_new_s or self.nothing_new():
             return None  # too little new audio, or only silence since the last pass: decoding it changes nothing
         beam = None if final_beam else self.stt.settings.partial_beam_size
@@ -339,7 +338,7 @@ class StreamingTranscription:
 
     def _trim(self) -> None:
         """Cut the buffer after a committed sentence end so later passes decode less."""
-        seconds = len(self._audio) / RATE
+        seconds = len(self._audio) / SPEECH_RATE
         if seconds < _TRIM_AFTER_S or not self._committed:
             return
         ends = [i for i, w in enumerate(self._committed) if w.text.rstrip().endswith((".", "?", "!"))]
@@ -354,8 +353,8 @@ class StreamingTranscription:
         shift = lambda ws: [replace(w, start=w.start - cut_s, end=w.end - cut_s) for w in ws]  # noqa: E731
         self._committed = shift(self._committed[cut + 1 :])
         self._previous = shift(self._previous or [])
-        self._audio = self._audio[int(cut_s * RATE) :]
-        self._offset_s += int(cut_s * RATE) / RATE
+        self._audio = self._audio[int(cut_s * SPEECH_RATE) :]
+        self._offset_s += int(cut_s * SPEECH_RATE) / SPEECH_RATE
         self._decoded_len = -1
         log.debug("trimmed stt buffer", extra={"at_s": cut_s})
 

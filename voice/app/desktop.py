@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from audio.frames import SPEECH_RATE as MIC_RATE
+from audio.frames import SPEECH_RATE
 from audio.resample import resample
 from audio.shared_speaker import SharedSpeaker
 from audio.sinks import SpeakerSink
@@ -92,11 +92,11 @@ class WakeWordTap:
 
 async def _listen(mic: MicSource, sink: SpeakerSink, session) -> None:
     async for chunk in mic:
-        duration = len(chunk.samples) / MIC_RATE
+        duration = len(chunk.samples) / SPEECH_RATE
         played = sink.played_reference(chunk.t, chunk.t + duration)
         reference = None
         if played is not None and np.any(played):
-            reference = resample(played, sink.sample_rate, MIC_RATE)
+            reference = resample(played, sink.sample_rate, SPEECH_RATE)
             reference = np.pad(reference, (0, max(0, len(chunk.samples) - len(reference))))[: len(chunk.samples)]
         await session.push_audio(chunk.samples, chunk.t, reference=reference)
 
@@ -142,7 +142,7 @@ async def home(config, serve_too: bool = False) -> int:
     settle_after_load()  # the models stay until exit: see voice/memory.py
     audio = config.audio
     sink = SpeakerSink(audio.output_device, assistant.tts_sample_rate, block_ms=audio.block_ms, latency=audio.latency)
-    mic = MicSource(audio.input_device, block_ms=audio.block_ms, rate=MIC_RATE, latency=audio.latency)
+    mic = MicSource(audio.input_device, block_ms=audio.block_ms, rate=SPEECH_RATE, latency=audio.latency)
     speaker = SharedSpeaker(sink)
     status = StatusLine()
     lane = speaker.lane()

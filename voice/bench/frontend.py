@@ -36,8 +36,8 @@ from voice.bench.stub_llm import StubLLM
 from voice.config import config_to_toml
 from voice.latency import percentiles
 from voice.speechset import espeak_utterance
+from voice.transports.realtime_wire import WIRE_RATE
 
-WIRE = 24000
 QUESTIONS = (
     "What is the capital of France?",
     "How far away is the moon?",
@@ -68,7 +68,7 @@ async def bench(config, argv: list[str]) -> int:
         return 2
     config.server.port, config.wyoming.enabled, config.mqtt.enabled = _free_port(), False, False
     config.dialog.turn_timeout_s = 300.0
-    speech = [_voiced(espeak_utterance(q, rate=WIRE)) for q in QUESTIONS]
+    speech = [_voiced(espeak_utterance(q, rate=WIRE_RATE)) for q in QUESTIONS]
     with tempfile.TemporaryDirectory() as tmp:
         front = await _start_frontend(config, Path(tmp) / "frontend.toml")
         url = f"ws://127.0.0.1:{config.server.port}/v1"
@@ -186,8 +186,8 @@ async def _converse(url: str, questions: list[np.ndarray], results: list[dict]) 
     async with _client(url).realtime.connect(model="specvoice") as conn:
         await conn.recv_bytes()  # session.created
         for samples in questions:
-            audio = np.concatenate([samples, np.zeros(int(1.2 * WIRE), np.int16)])
-            step, speech_end, first_audio = WIRE // 10, None, None
+            audio = np.concatenate([samples, np.zeros(int(1.2 * WIRE_RATE), np.int16)])
+            step, speech_end, first_audio = WIRE_RATE // 10, None, None
             result: dict = {}
             for i in range(0, len(audio), step):
                 await conn.input_audio_buffer.append(audio=base64.b64encode(audio[i : i + step].tobytes()).decode())

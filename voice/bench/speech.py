@@ -23,11 +23,12 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from audio.frames import SPEECH_RATE
 from audio.wavfile import write_wav
 from voice.bench import positive
 from voice.events import TranscriptPartial
 from voice.models import resolve
-from voice.speechset import RATE, SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
+from voice.speechset import SENTENCES, espeak_utterance, normalize_words, piper_utterance, wer
 
 SHORT_FRAGMENT = "Sure, the light is on."
 LONG_FRAGMENT = (
@@ -85,9 +86,9 @@ async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
         for voice, text, speech in tqdm(items, desc="stt", disable=None, leave=False):
             t = time.perf_counter()
             whole = await stt.transcribe(speech)
-            rtf = (time.perf_counter() - t) / (len(speech) / RATE)
+            rtf = (time.perf_counter() - t) / (len(speech) / SPEECH_RATE)
             path = Path(tmp) / "u.wav"
-            write_wav(path, np.concatenate([np.zeros(RATE * lead_ms // 1000, np.int16), speech]), RATE)
+            write_wav(path, np.concatenate([np.zeros(SPEECH_RATE * lead_ms // 1000, np.int16), speech]), SPEECH_RATE)
             heard = await hear_file(config, stt, path)
             text_out = " ".join(h["text"] for h in heard)
             last = heard[-1] if heard else None
@@ -95,7 +96,7 @@ async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
                 {
                     "voice": voice,
                     "reference": text,
-                    "audio_s": round(len(speech) / RATE, 3),
+                    "audio_s": round(len(speech) / SPEECH_RATE, 3),
                     "rtf": round(rtf, 3),
                     "whole_pass_text": whole,
                     "streamed_text": text_out,

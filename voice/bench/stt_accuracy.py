@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from audio.frames import AudioChunk
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.turn import (
     TRANSCRIPT_PROMPT,
     EndOfTurnPolicy,
@@ -44,7 +44,6 @@ from voice.bench import count, positive
 from voice.config import STTConfig
 from voice.models import resolve
 from voice.speechset import (
-    RATE,
     Utterance,
     complete_turns,
     normalize_words,
@@ -54,7 +53,7 @@ from voice.speechset import (
 )
 from voice.stt import SpeechToText
 
-BLOCK = RATE // 50  # 20 ms, as the microphone delivers it
+BLOCK = SPEECH_RATE // 50  # 20 ms, as the microphone delivers it
 PREROLL_S = 0.3  # the VAD's pre-roll: the turn audio starts this long before the detected speech start
 
 
@@ -109,7 +108,7 @@ def bench_stt(
                     "text": text,
                     "wer": round(wer(u.text, text), 4),
                     "ref_words": len(normalize_words(u.text)),
-                    "audio_s": round(len(u.audio) / RATE, 3),
+                    "audio_s": round(len(u.audio) / SPEECH_RATE, 3),
                     "pass_s": round(seconds, 4),
                 }
             )
@@ -173,10 +172,10 @@ def vad_trace(vad: Vad, audio: np.ndarray) -> VadTrace:
     vad.reset()
     blocks, start = [], None
     for i in range(0, len(audio) - BLOCK + 1, BLOCK):
-        for event in vad.process(AudioChunk(audio[i : i + BLOCK], RATE, i / RATE)):
+        for event in vad.process(AudioChunk(audio[i : i + BLOCK], SPEECH_RATE, i / SPEECH_RATE)):
             if event.kind == "speech_start" and start is None:
                 start = event.t
-        t = (i + BLOCK) / RATE
+        t = (i + BLOCK) / SPEECH_RATE
         blocks.append((t, vad.speaking and vad.pause_since is None, vad.pause_since))
     return VadTrace(blocks, start)
 
@@ -200,10 +199,10 @@ class Prober:
         self._done: dict[tuple[str, int], Probe] = {}
 
     def __call__(self, u: Utterance, start_s: float, end_s: float, pause_start_s: float | None) -> Probe:
-        key = (u.id, round(end_s * RATE))
+        key = (u.id, round(end_s * SPEECH_RATE))
         if key not in self._done:
             clip_start = max(0.0, start_s - PREROLL_S)
-            audio = u.audio[int(clip_start * RATE) : key[1]]
+            audio = u.audio[int(clip_start * SPEECH_RATE) : key[1]]
             t0 = time.perf_counter()
             p = self.smart.probability(audio)
             t1 = time.perf_counter()
