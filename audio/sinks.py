@@ -26,9 +26,12 @@ class AudioSink(Protocol):
     """Where a reply's audio goes. Every sink can say how much of the current utterance the listener has heard
     (``heard_samples``): after a barge-in the history keeps exactly those words, whatever the transport."""
 
-    sample_rate: int
-    first_audible_t: float | None
-    played_samples: int
+    @property
+    def sample_rate(self) -> int: ...
+    @property
+    def first_audible_t(self) -> float | None: ...  # monotonic time the utterance's first sample sounded
+    @property
+    def played_samples(self) -> int: ...  # samples of the utterance handed to the device so far
 
     async def write(self, samples: np.ndarray) -> None: ...
     def flush(self) -> None: ...

@@ -122,3 +122,117 @@ def test_tests_never_import_benchmark_code():
 def test_no_module_is_too_long_to_read_in_one_sitting():
     long = {name: n for name, path in _modules().items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
     assert long == {}
+
+
+# ---- ports: the session, its turns and the assistant speak to the models through typed ports -----------------
+
+PORT_USERS = ("voice/session.py", "voice/turn.py", "voice/turn_context.py", "voice/assistant.py")
+
+
+def _names_any(annotation: ast.expr | None) -> bool:
+    """Whether an annotation mentions ``Any`` (also inside a string annotation)."""
+    if annotation is None:
+        return False
+    if isinstance(annotation, ast.Constant) and isinstance(annotation.value, str):
+        return _names_any(ast.parse(annotation.value, mode="eval").body)
+    return any(
+        (isinstance(node, ast.Name) and node.id == "Any")
+        or (isinstance(node, ast.Attribute) and node.attr == "Any")
+        or (isinstance(node, ast.Constant) and isinstance(node.value, str) and _names_any(node))
+        for node in ast.walk(annotation)
+    )
+
+
+def _annotations_with_any(source: str) -> list[str]:
+    """``line: what`` for every parameter, return value and annotated attribute that mentions ``Any``."""
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            a = node.args
+            params = [
+                *a.posonlyargs,
+                *a.args,
+                *a.kwonlyargs,
+                *([a.vararg] if a.vararg else []),
+                *([a.kwarg] if a.kwarg else []),
+            ]
+            found += [f"{node.lineno}: {node.name}({p.arg})" for p in params if _names_any(p.annotation)]
+            found += [f"{node.lineno}: {node.name} returns" for _ in [0] if _names_any(node.returns)]
+        elif isinstance(node, ast.AnnAssign) and _names_any(node.annotation):
+            found.append(f"{node.lineno}: {ast.unparse(node.target)}")
+    return found
+
+
+def test_sessions_turns_and_the_assistant_hold_typed_ports_never_any():
+    """What a session, a turn or the assistant holds and passes is a port (voice/ports.py) or a concrete type,
+    so mypy checks every implementation against what they use."""
+    offenders = {path: found for path in PORT_USERS if (found := _annotations_with_any((ROOT / path).read_text()))}
+    assert offenders == {}
+
+
+def test_the_any_finder_finds_any():
+    source = (
+        "class A:\n    x: Any\n    y: 'list[Any]'\n    def f(self, a: typing.Any, *b: int) -> dict[str, Any]: ...\n"
+    )
+    assert _annotations_with_any(source) == ["2: x", "3: y", "4: f(a)", "4: f returns"]
+
+
+# ---- tasks: one way to start a task and one way to stop it (voice/tasks.py) ---------------------------------
+
+
+def _task_rule_breaks(source: str) -> list[str]:
+    """``line: what`` for every task started without voice/tasks.py (``create_task``, ``ensure_future``) and every
+    hand-written cancel-then-gather (``x.cancel()`` and then ``gather(x, ...)`` in one function)."""
+    tree = ast.parse(source)
+    found = [
+        f"{node.lineno}: {node.func.attr}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Attribute)
+        and node.func.attr in ("create_task", "ensure_future")
+    ]
+    for fn in ast.walk(tree):
+        if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        calls = [n for n in ast.walk(fn) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)]
+        cancelled = {ast.unparse(c.func.value) for c in calls if c.func.attr == "cancel" and not c.args}
+        for loop in (n for n in ast.walk(fn) if isinstance(n, ast.For)):  # for t in (a, *b): t.cancel()
+            if ast.unparse(loop.target) in cancelled:
+                items = loop.iter.elts if isinstance(loop.iter, ast.Tuple | ast.List) else [loop.iter]
+                cancelled |= {ast.unparse(i.value if isinstance(i, ast.Starred) else i) for i in items}
+        for call in calls:
+            if call.func.attr == "gather":
+                gathered = {ast.unparse(a.value if isinstance(a, ast.Starred) else a) for a in call.args}
+                found += [f"{call.lineno}: cancel then gather"] if gathered & cancelled else []
+    return sorted(set(found), key=lambda s: int(s.split(":")[0]))
+
+
+def test_every_task_starts_and_stops_through_voice_tasks():
+    """``tasks.start`` / ``Tasks.spawn`` start every task of voice/, ``cancel_and_wait`` / ``Tasks.stop`` stop
+    them: a task that is not kept can vanish mid-flight, and one stopped without waiting still runs."""
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "voice").rglob("*.py"))
+        if path != ROOT / "voice" / "tasks.py" and (found := _task_rule_breaks(path.read_text()))
+    }
+    assert offenders == {}
+
+
+def test_the_task_rule_finds_bare_tasks_and_inline_stops():
+    source = (
+        "async def f(loop, coro):\n"
+        "    t = loop.create_task(coro)\n"
+        "    u = asyncio.ensure_future(coro)\n"
+        "    t.cancel()\n"
+        "    await asyncio.gather(t, return_exceptions=True)\n"
+        "    await asyncio.gather(u.wait(), return_exceptions=True)\n"
+        "    for task in (t, *others):\n"
+        "        task.cancel()\n"
+        "    await asyncio.gather(*others)\n"
+    )
+    assert _task_rule_breaks(source) == [
+        "2: create_task",
+        "3: ensure_future",
+        "5: cancel then gather",
+        "9: cancel then gather",
+    ]

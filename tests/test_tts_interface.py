@@ -1,4 +1,4 @@
-"""The TTS engine sits behind voice.tts.SpeechSynthesizer, so an engine under a permissive licence can replace
+"""The TTS engine sits behind voice.ports.SpeechSynthesizer, so an engine under a permissive licence can replace
 piper (GPL-3.0): both shipped engines fit the interface, and an engine with no piper code at all speaks a real
 session's `say` and `ask` (the small LLM's reply) through the unchanged turn, sink and history code."""
 
@@ -14,8 +14,9 @@ from audio.frames import SPEECH_RATE
 from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.models import resolve
+from voice.ports import SpeechSynthesizer
 from voice.remote_speech import RemoteTextToSpeech
-from voice.tts import SpeechSynthesizer, TextToSpeech
+from voice.tts import TextToSpeech
 
 WORD_S = 0.1
 

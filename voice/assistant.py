@@ -16,9 +16,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from voice.config import Config
 from voice.endpointing import TurnModel
@@ -26,11 +26,12 @@ from voice.events import Event, EventHandler
 from voice.latency import LatencyStats
 from voice.listener import Listener
 from voice.memory import Trimmer
+from voice.ports import AudioSink, ChatEngine, SpeechRecognizer, SpeechSynthesizer
 from voice.session import Session
-from voice.tasks import Tasks, cancel_and_wait
+from voice.tasks import Job, Tasks
 
-if TYPE_CHECKING:
-    from voice.tts import SpeechSynthesizer
+if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
+    from llm.settings import DecodeSettings
 
 log = logging.getLogger("specvoice.assistant")
 
@@ -41,8 +42,8 @@ class Assistant:
     def __init__(
         self,
         config: Config,
-        engine: Any,
-        stt: Any,
+        engine: ChatEngine,
+        stt: SpeechRecognizer,
         tts: SpeechSynthesizer,
         vad_path: str,
         wake_dir: str | None = None,
@@ -50,7 +51,9 @@ class Assistant:
         turn_model: TurnModel | None = None,
     ) -> None:
         self.config = config
-        self.engine, self.stt, self.tts = engine, stt, tts
+        self.engine: ChatEngine = engine
+        self.stt: SpeechRecognizer = stt
+        self.tts: SpeechSynthesizer = tts
         self.vad_path, self.wake_dir = vad_path, wake_dir
         self.workers = workers or {}
         if "turn" not in self.workers:  # built from parts (tests): load Smart Turn here, if the config wants it
@@ -79,7 +82,10 @@ class Assistant:
 
         m, llm = config.models, config.llm
         started = time.monotonic()
-        engine, stt, tts = remote_backends(config)  # the ones the config puts on other machines; None: local
+        remote = remote_backends(config)  # the ones the config puts on other machines; None: local
+        engine: ChatEngine | None = remote.engine
+        stt: SpeechRecognizer | None = remote.stt
+        tts: SpeechSynthesizer | None = remote.tts
         draft = None
         if engine is None:
             target = resolve(m.target, "llm", m.cache_dir, engine=llm.engine).location
@@ -112,7 +118,12 @@ class Assistant:
     # ---- what sessions are made of -------------------------------------------------------------------------
 
     def session(
-        self, on_event: EventHandler | None = None, *, sink: Any = None, name: str = "", endpointing: bool = True
+        self,
+        on_event: EventHandler | None = None,
+        *,
+        sink: AudioSink | None = None,
+        name: str = "",
+        endpointing: bool = True,
     ) -> Session:
         session = Session(self, on_event, sink=sink, name=name, endpointing=endpointing)
         self._sessions.add(session)
@@ -122,7 +133,7 @@ class Assistant:
         self._sessions.discard(session)
         self.memory.session_closed()
 
-    def decode_settings(self, **overrides: Any) -> Any:
+    def decode_settings(self, **overrides: object) -> DecodeSettings:
         """The decoder settings for a turn, from ``config.llm`` (``overrides`` for benchmarks: mode="target").
         The one place the config becomes decode settings."""
         from llm.engine import DecodeSettings
@@ -171,12 +182,10 @@ class Assistant:
 
     # ---- tasks ---------------------------------------------------------------------------------------------
 
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None:
-        """Run ``coro`` in the background (kept alive until done; None when no event loop runs)."""
-        return self._background.spawn(coro)
-
-    async def cancel_and_wait(self, task: asyncio.Future[Any] | None) -> None:
-        await cancel_and_wait(task)
+    def spawn(self, job: Job) -> asyncio.Task[object] | None:
+        """Run ``job`` in the background (kept alive until done, stopped by ``close``; None when no event loop
+        runs)."""
+        return self._background.spawn(job)
 
     async def close(self) -> None:
         for session in list(self._sessions):

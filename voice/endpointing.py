@@ -27,6 +27,7 @@ import numpy as np
 
 from audio.frames import SPEECH_RATE
 from audio.turn import WINDOW_S, EndOfTurnPolicy, SmartTurn, TurnAction, TurnSettings, TurnStep
+from voice.tasks import start
 
 log = logging.getLogger("specvoice.endpointing")
 
@@ -115,11 +116,11 @@ class SemanticEnd:
         if step.action is TurnAction.ASK:
             self._probability = None
             audio = np.concatenate(self._chunks) if self._chunks else np.zeros(0, np.int16)
-            self._probe = (step.ask_id, asyncio.ensure_future(self.model.probability(audio)))
+            self._probe = (step.ask_id, start(self.model.probability(audio), name="smart turn"))
         return step
 
     def transcript(self, text: str) -> None:
-        """What the pass at the current pause heard before it (``StreamingTranscription.text_before``)."""
+        """What the pass at the current pause heard before it (``Transcription.text_before``)."""
         if self.policy.pause_start is not None:
             self._text = text
 

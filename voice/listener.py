@@ -39,7 +39,8 @@ from audio.turn import TRANSCRIPT_PROMPT, TurnAction
 from audio.vad import Vad, VadEvent
 from voice.endpointing import SemanticEnd, TurnModel, turn_settings
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
-from voice.stt import SpeechToText, StreamingTranscription
+from voice.ports import SpeechRecognizer, Transcription
+from voice.tasks import start
 
 ARRIVALS_KEPT = 4096  # unstamped chunks remembered for arrival(): minutes of 20-100 ms network appends
 
@@ -56,7 +57,7 @@ class Utterance:
     """A stretch of the user's speech that ended; ``final()`` gives its transcript (cheap when the last
     partial pass already saw all of it). Times are on the audio clock (monotonic seconds)."""
 
-    stream: StreamingTranscription
+    stream: Transcription
     speech_start: float
     speech_end: float  # end of the last voiced sample
     endpoint: float  # when the end of the turn was decided
@@ -75,7 +76,7 @@ class Utterance:
         """The final transcript, worked out once. Cancelling a caller does not cancel the work: a turn cut before
         its transcript was ready hands its utterance on to the next turn, which asks again (Turn.hand_over)."""
         if self._final is None:
-            self._final = asyncio.ensure_future(self._transcribe())
+            self._final = start(self._transcribe(), name="final transcript")
             self._final.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, if nobody asks
         return await asyncio.shield(self._final)
 
@@ -103,7 +104,7 @@ class Listener:
 
     def __init__(
         self,
-        stt: SpeechToText,
+        stt: SpeechRecognizer,
         vad: Vad | None,
         *,
         partial_interval_s: float = 0.6,
@@ -121,14 +122,14 @@ class Listener:
         self.wake = wake  # audio.wakeword.WakeWord or None
         self.echo = echo  # audio.echo.EchoSuppressor or None
         self.replying = False  # set by the session: speech now is a barge-in (no wake word needed, echo gate on)
-        self._stream: StreamingTranscription | None = None
+        self._stream: Transcription | None = None
         self._start_t = 0.0
         self._clock: float | None = None  # audio time of the next pushed sample
         # unstamped chunks: (audio time of the chunk's end, wall time it arrived), for arrival()
         self._arrivals: deque[tuple[float, float]] = deque(maxlen=ARRIVALS_KEPT)
         self._awake_until = 0.0
         self._pass: asyncio.Task[str | None] | None = None
-        self._pass_of: tuple[StreamingTranscription | None, float | None] = (None, None)  # its stream and pause
+        self._pass_of: tuple[Transcription | None, float | None] = (None, None)  # its stream and pause
         self._pass_started = 0.0  # audio time when the last pass started
         self._end_t = 0.0  # audio time of the end of the last chunk
         self._pass_s = 0.0  # wall time the last pass took (passes back off on a slow CPU)
@@ -139,7 +140,7 @@ class Listener:
     def from_config(
         cls,
         config: Any,
-        stt: SpeechToText,
+        stt: SpeechRecognizer,
         *,
         endpointing: bool = True,
         vad_path: str | None = None,
@@ -428,7 +429,7 @@ class Listener:
                 work = stream.partial(style=style, final_beam=True, min_new_s=0.0)
             else:
                 work = stream.partial()
-            self._pass = asyncio.ensure_future(self._run_pass(work))
+            self._pass = start(self._run_pass(work), name="partial pass")
 
     async def _run_pass(self, work: Coroutine[Any, Any, str | None]) -> str | None:
         started = time.monotonic()

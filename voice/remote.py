@@ -8,17 +8,30 @@ the log, and its turns try the server again each time (llm/remote.py).
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import TYPE_CHECKING, NamedTuple
 
 from voice.config import Config
+from voice.ports import ChatEngine, SpeechRecognizer, SpeechSynthesizer
+
+if TYPE_CHECKING:
+    from llm.remote import RemoteSettings
 
 log = logging.getLogger("specvoice.remote")
 
 
-def remote_backends(config: Config) -> tuple[Any, Any, Any]:
-    """(engine, stt, tts): a remote backend where the config asks for one, None where it stays local."""
+class RemoteBackends(NamedTuple):
+    """A remote backend where the config asks for one, None where it stays local."""
+
+    engine: ChatEngine | None
+    stt: SpeechRecognizer | None
+    tts: SpeechSynthesizer | None
+
+
+def remote_backends(config: Config) -> RemoteBackends:
+    """The backends the config puts on other machines (None: the assistant loads that one locally)."""
     engine = remote_llm(config) if config.llm.backend == "openai" else None
-    stt = tts = None
+    stt: SpeechRecognizer | None = None
+    tts: SpeechSynthesizer | None = None
     if config.stt.backend == "wyoming":
         from voice.remote_speech import RemoteSpeechToText
 
@@ -27,10 +40,10 @@ def remote_backends(config: Config) -> tuple[Any, Any, Any]:
         from voice.remote_speech import RemoteTextToSpeech
 
         tts = RemoteTextToSpeech(config.tts)
-    return engine, stt, tts
+    return RemoteBackends(engine, stt, tts)
 
 
-def remote_llm(config: Config) -> Any:
+def remote_llm(config: Config) -> ChatEngine:
     """A ``RemoteEngine`` for ``llm.base_url``; with ``llm.tokenizer`` the history is counted in real tokens."""
     from llm.remote import RemoteEngine, RemoteSettings
 
@@ -55,7 +68,7 @@ def remote_llm(config: Config) -> Any:
     return RemoteEngine(remote, tokenizer)  # turns pass their settings (Assistant.decode_settings)
 
 
-def _say_where(remote: Any) -> None:
+def _say_where(remote: RemoteSettings) -> None:
     """Log what the server serves, or that it is not up yet (not an error: turns retry)."""
     from openai import OpenAI, OpenAIError, Timeout
 

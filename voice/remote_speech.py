@@ -36,6 +36,7 @@ from wyoming.tts import Synthesize, SynthesizeVoice
 
 from audio.frames import SPEECH_RATE
 from voice.config import STTConfig, TTSConfig
+from voice.tasks import cancel_and_wait, start
 
 log = logging.getLogger("specvoice.remote_speech")
 
@@ -112,7 +113,7 @@ class RemoteTranscription:
         self.passes = 0
         self.final_decoded: bool | None = None
         self._queue: asyncio.Queue[bytes | None] = asyncio.Queue()
-        self._task = asyncio.get_running_loop().create_task(self._run(self._queue), name="wyoming asr")
+        self._task = start(self._run(self._queue), name="wyoming asr")
         self._task.add_done_callback(_retrieved)  # an utterance dropped without final(): its error is not news
 
     def add(self, samples: np.ndarray) -> None:
@@ -180,7 +181,7 @@ class RemoteTranscription:
                 queue.put_nowait(samples.astype("<i2").tobytes())
             queue.put_nowait(None)
             self._committed = ""
-            self._task = asyncio.get_running_loop().create_task(self._run(queue), name="wyoming asr retry")
+            self._task = start(self._run(queue), name="wyoming asr retry")
             self._task.add_done_callback(_retrieved)
             text = await self._task
         self._final = text.strip()
@@ -194,7 +195,7 @@ class RemoteTranscription:
         try:
             await client.write_event(Transcribe(language=self.stt.language).event())
             await client.write_event(AudioStart(rate=SPEECH_RATE, width=2, channels=1).event())
-            reader = asyncio.get_running_loop().create_task(self._read(client))
+            reader = start(self._read(client), name="wyoming asr reader")
             while (audio := await self._next(queue, reader)) is not None:
                 await client.write_event(AudioChunk(rate=SPEECH_RATE, width=2, channels=1, audio=audio).event())
             await client.write_event(AudioStop().event())
@@ -203,16 +204,14 @@ class RemoteTranscription:
         except (OSError, TimeoutError) as exc:
             raise peer.error(f"failed while transcribing ({type(exc).__name__}: {exc})") from None
         finally:
-            if reader is not None and not reader.done():
-                reader.cancel()
-                await asyncio.gather(reader, return_exceptions=True)
+            await cancel_and_wait(reader)
             await client.disconnect()
 
     @staticmethod
     async def _next(queue: asyncio.Queue[bytes | None], reader: asyncio.Task[str]) -> bytes | None:
         """The next audio to send (None: the utterance is over). A server that already failed or answered
         ends the wait; so does an utterance abandoned without final() (IDLE_S)."""
-        getter = asyncio.ensure_future(queue.get())
+        getter = start(queue.get())
         done, _ = await asyncio.wait({getter, reader}, timeout=IDLE_S, return_when=asyncio.FIRST_COMPLETED)
         if getter not in done:
             getter.cancel()

@@ -24,6 +24,7 @@ from typing import Any
 from voice.config import Config, ConfigError
 from voice.metrics import Metrics
 from voice.sdnotify import notify, watchdog
+from voice.tasks import cancel_and_wait, start
 from voice.transports.common import SessionSlots, Shared, is_loopback
 from voice.transports.realtime_server import PATHS, RealtimeServer
 from voice.transports.wyoming import Gate
@@ -107,8 +108,8 @@ async def serve(
 
             mqtt = MqttBridge(config, assistant)
         if mqtt is not None:
-            tasks.append(asyncio.create_task(mqtt.run(), name="mqtt bridge"))
-        tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
+            tasks.append(start(mqtt.run(), name="mqtt bridge"))
+        tasks.append(start(watchdog(), name="sd watchdog"))
         for task in tasks:
             task.add_done_callback(_report_failure)
         where = [
@@ -136,9 +137,7 @@ async def serve(
         await asyncio.gather(
             websocket.stop(grace), wyoming.stop(grace) if wyoming else asyncio.sleep(0), return_exceptions=True
         )
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*tasks)
         if metrics_http is not None:
             httpd, thread = metrics_http
             httpd.shutdown()

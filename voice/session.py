@@ -20,8 +20,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Coroutine
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -41,7 +40,12 @@ from voice.events import (
 )
 from voice.latency import LatencyStats, LatencyTrace
 from voice.listener import Listener, ListenEvent, Utterance, UtteranceEnded
+from voice.ports import AudioSink, ChatEngine, SpeechSynthesizer, Tool
+from voice.tasks import Job, cancel_and_wait
 from voice.turn import EarlyReply, Turn, TurnContext
+
+if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
+    from llm.settings import DecodeSettings
 
 log = logging.getLogger("specvoice.session")
 
@@ -50,17 +54,16 @@ class Host(Protocol):
     """What a session needs from the assistant that holds the models (voice.assistant.Assistant)."""
 
     config: Config
-    engine: Any
-    tts: Any
+    engine: ChatEngine
+    tts: SpeechSynthesizer
     stats: LatencyStats
 
     @property
     def generation_turn(self) -> asyncio.Lock: ...
     def listener(self, *, endpointing: bool = True) -> Listener: ...
-    def decode_settings(self, **overrides: Any) -> Any: ...
+    def decode_settings(self, **overrides: object) -> DecodeSettings: ...
     def broadcast(self, session_id: str, event: Event) -> None: ...
-    def spawn(self, coro: Coroutine[Any, Any, Any]) -> asyncio.Task[Any] | None: ...
-    async def cancel_and_wait(self, task: asyncio.Future[Any] | None) -> None: ...
+    def spawn(self, job: Job) -> asyncio.Task[object] | None: ...
     def forget(self, session: Session) -> None: ...
 
 
@@ -72,7 +75,7 @@ class Session:
         assistant: Host,
         on_event: EventHandler | None = None,
         *,
-        sink: Any = None,
+        sink: AudioSink | None = None,
         name: str = "",
         endpointing: bool = True,
     ) -> None:
@@ -115,7 +118,7 @@ class Session:
         self._closed = False
         self._carried: list[Utterance] = []  # turns handed over to the next utterance (Turn.hand_over)
         # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
-        self._warm: asyncio.Task[Any] | None = None
+        self._warm: asyncio.Task[object] | None = None
         self._rewarm = False
         self._warm_idle()
 
@@ -126,13 +129,26 @@ class Session:
         return self.conversation.messages
 
     @property
-    def decode(self) -> Any:
-        """The decode settings of this session's turns (llm.engine.DecodeSettings); benchmarks swap them."""
+    def decode(self) -> DecodeSettings:
+        """The decode settings of this session's turns; benchmarks and websocket clients swap them."""
         return self.ctx.decode
 
     @decode.setter
-    def decode(self, settings: Any) -> None:
+    def decode(self, settings: DecodeSettings) -> None:
         self.ctx.decode = settings
+
+    @property
+    def tools(self) -> list[Tool] | None:
+        """The functions the model may call (a websocket client's ``session.tools``): the turn keeps their calls
+        out of the speech, and a conversation that takes tools (the local one: its chat template shows them to
+        the model) gets them too."""
+        return self.ctx.tools
+
+    @tools.setter
+    def tools(self, tools: list[Tool] | None) -> None:
+        self.ctx.tools = tools
+        if hasattr(self.conversation, "tools"):
+            self.conversation.tools = tools
 
     @property
     def replying(self) -> bool:
@@ -369,7 +385,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        await self.assistant.cancel_and_wait(self._warm)
+        await cancel_and_wait(self._warm)
         await self._interrupt()
         await self.listener.close()
         self.assistant.forget(self)

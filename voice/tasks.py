@@ -1,22 +1,36 @@
-"""Background tasks with one stopping rule: cancel, then wait until the task has really ended.
+"""Every task of the voice package starts here and stops one way: cancel, then wait until it has really ended.
 
-Every long-lived piece (sessions, transports, the MQTT bridge) keeps its background tasks in a ``Tasks`` set, so
-none is lost to the garbage collector mid-flight and shutdown can stop them all the same way.
+``start`` runs one coroutine whose task the caller keeps and awaits (a turn, a reader beside its writer);
+``Tasks.spawn`` runs fire-and-forget work that a long-lived piece (a session's assistant, a transport, the MQTT
+bridge) keeps in a set, so none is lost to the garbage collector mid-flight. Either is stopped by
+``cancel_and_wait`` (one task) or ``Tasks.stop`` (the whole set). tests/test_architecture.py keeps it so: no
+``create_task``/``ensure_future`` and no hand-written cancel-then-gather anywhere else in voice/.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Coroutine
-from typing import Any
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+
+Job = Coroutine[Any, Any, object]  # what a background task runs: a coroutine, whatever it returns
 
 
-async def cancel_and_wait(task: asyncio.Future[Any] | None) -> None:
-    """Cancel ``task`` and wait until it has ended (its ``finally`` blocks ran); its outcome is not raised."""
-    if task is None:
-        return
-    task.cancel()
-    await asyncio.gather(task, return_exceptions=True)
+def start(work: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T]:
+    """Run ``work`` in a task of the running loop; the caller keeps the task, awaits it (or waits on it beside
+    others) and stops it with ``cancel_and_wait``."""
+    return asyncio.get_running_loop().create_task(work, name=name)
+
+
+async def cancel_and_wait(*tasks: asyncio.Future[Any] | None) -> None:
+    """Cancel ``tasks`` and wait until all have ended (their ``finally`` blocks ran); their outcome is not
+    raised. None entries (a task never started) are skipped."""
+    running = [task for task in tasks if task is not None]
+    for task in running:
+        task.cancel()
+    await asyncio.gather(*running, return_exceptions=True)
 
 
 class Tasks:
@@ -28,12 +42,12 @@ class Tasks:
     def __len__(self) -> int:
         return len(self._tasks)
 
-    def spawn(self, coro: Coroutine[Any, Any, Any], name: str | None = None) -> asyncio.Task[Any] | None:
-        """Run ``coro`` in the background; None (and the coroutine closed) when no event loop is running."""
+    def spawn(self, job: Coroutine[Any, Any, T], name: str | None = None) -> asyncio.Task[T] | None:
+        """Run ``job`` in the background; None (and the coroutine closed) when no event loop is running."""
         try:
-            task = asyncio.get_running_loop().create_task(coro, name=name)
+            task = asyncio.get_running_loop().create_task(job, name=name)
         except RuntimeError:
-            coro.close()
+            job.close()
             return None
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -41,7 +55,4 @@ class Tasks:
 
     async def stop(self) -> None:
         """Cancel every task and wait until all have ended."""
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await cancel_and_wait(*self._tasks)

@@ -10,10 +10,9 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator
 from concurrent.futures import Executor, ThreadPoolExecutor
 from pathlib import Path
-from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -21,27 +20,9 @@ from voice.config import TTSConfig
 from voice.models import ModelError, Resolved
 
 
-@runtime_checkable
-class SpeechSynthesizer(Protocol):
-    """What the rest of specvoice asks of a TTS engine; piper (``TextToSpeech``) and a Wyoming server
-    (``voice.remote_speech.RemoteTextToSpeech``) are two. Why an interface: piper-tts is GPL-3.0 while specvoice
-    is Apache-2.0, so a permissively licensed engine must be able to take its place by implementing these four
-    members, with no change to sessions, turns or transports (and the assistant takes any of them).
-
-    ``stream`` yields int16 mono PCM chunks at ``sample_rate`` as they are ready and stops at its next chunk
-    when closed or cancelled (barge-in); ``synthesize`` is the blocking whole-text form (WAV demos, benchmarks);
-    ``language`` is what Wyoming and Home Assistant are told (e.g. "en_US", "und" when unknown)."""
-
-    sample_rate: int
-    language: str
-
-    def stream(self, fragment: str) -> AsyncIterator[np.ndarray]: ...
-
-    def synthesize(self, text: str, stop: threading.Event | None = None) -> Iterable[np.ndarray]: ...
-
-
 class TextToSpeech:
-    """A loaded piper voice (a ``SpeechSynthesizer``). ``sample_rate`` is the voice's rate (22050 Hz for joe-medium)."""
+    """A loaded piper voice (a ``voice.ports.SpeechSynthesizer``). ``sample_rate`` is the voice's rate (22050 Hz for
+    joe-medium)."""
 
     def __init__(self, resolved_voice: Resolved, settings: TTSConfig, executor: Executor | None = None) -> None:
         from piper import PiperVoice, SynthesisConfig

@@ -15,16 +15,17 @@ import asyncio
 import logging
 import time
 from collections.abc import Sequence
-from typing import Any
 
 from audio.resample import resample
+from voice import tasks
 from voice.actions import ActionParser
 from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
 from voice.latency import LatencyTrace
 from voice.listener import Utterance
+from voice.ports import AudioSink
 from voice.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.toolcalls import ToolCallParser, call_message
-from voice.turn_context import EarlyReply, Pieces, TurnContext
+from voice.turn_context import EarlyReply, Pieces, TurnContext, close_reply
 
 log = logging.getLogger("specvoice.turn")
 
@@ -69,15 +70,12 @@ class Turn:
         return self.task is not None and self.task.done()
 
     def start(self) -> Turn:
-        self.task = asyncio.create_task(self._run(), name=f"turn {self.trace.turn_id}")
+        self.task = tasks.start(self._run(), name=f"turn {self.trace.turn_id}")
         return self
 
     async def cancel(self) -> None:
         """Stop the turn (between two decoder steps or TTS sentences) and wait until it has committed."""
-        if self.task is not None and not self.task.done():
-            self.task.cancel()
-        if self.task is not None:
-            await asyncio.gather(self.task, return_exceptions=True)
+        await tasks.cancel_and_wait(self.task)
 
     async def wait(self) -> TurnDone | None:
         assert self.task is not None, "start() the turn first"
@@ -134,7 +132,7 @@ class Turn:
                 return None
             self.text = text
         parser = ActionParser(ctx.allowed_actions) if ctx.allowed_actions and self._commits else None
-        tools = getattr(ctx.conversation, "tools", None) if self._commits else None  # declared: calls not spoken
+        tools = ctx.tools if self._commits else None  # declared: their calls are not spoken
         self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
         sink = ctx.sink if self.speak else None
         if sink is not None:
@@ -164,7 +162,7 @@ class Turn:
             await self._say_sorry(error, sink)
         return self._finish(parser, sink, error)
 
-    async def _say_sorry(self, error: StageError, sink: Any) -> None:
+    async def _say_sorry(self, error: StageError, sink: AudioSink | None) -> None:
         """An LLM that failed with something to tell the user (a remote server down, busy or slow: the error's
         ``spoken`` sentence) says it, after whatever of the reply was heard. It is not part of the reply: the
         history never sees it. A barge-in stops it like any speech."""
@@ -218,11 +216,11 @@ class Turn:
             async for emission in stream:
                 yield emission
         finally:
-            await stream.aclose()  # at once, not when the garbage collector gets to it: the conversation is free
+            await close_reply(stream)  # at once: the conversation is free
             self._release()
             self.ctx.warm()  # the reply's audio still plays: trim ahead and prefill now, not in the next turn
 
-    def _finish(self, parser: ActionParser | None, sink: Any, error: StageError | None) -> TurnDone:
+    def _finish(self, parser: ActionParser | None, sink: AudioSink | None, error: StageError | None) -> TurnDone:
         ctx, trace, outcome = self.ctx, self.trace, self.outcome
         trace.mark("turn_end", time.monotonic())
         heard = outcome.text.strip()
@@ -259,7 +257,7 @@ class Turn:
             ctx.warm()  # the exchange is in the history now: prefill it too
         return done
 
-    def _heard_samples(self, sink: Any) -> int:
+    def _heard_samples(self, sink: AudioSink | None) -> int:
         """How much of the reply's audio (at the voice's rate) the listener heard, by the sink's heard port and
         the client's own word (truncate), whichever is less."""
         heard = self.outcome.samples_out
@@ -269,10 +267,12 @@ class Turn:
 
     # ---- speaking ------------------------------------------------------------------------------------------
 
-    async def _speak(self, pieces: Pieces, sink: Any, parser: ActionParser | None, queue_size: int = 8) -> None:
+    async def _speak(
+        self, pieces: Pieces, sink: AudioSink | None, parser: ActionParser | None, queue_size: int = 8
+    ) -> None:
         """Run the reply to the end (or until cancelled); ``self.outcome`` is filled in as it goes."""
         fragments: asyncio.Queue[str | None] = asyncio.Queue(maxsize=queue_size)
-        producer = asyncio.create_task(self._produce(pieces, fragments, parser))
+        producer = tasks.start(self._produce(pieces, fragments, parser), name="turn producer")
         try:
             while (text := await fragments.get()) is not None:
                 frag = SpokenFragment(text, start_sample=self.outcome.samples_out)
@@ -292,9 +292,7 @@ class Turn:
                     self.trace.mark("playback_start", sink.first_audible_t)
             await producer
         finally:
-            if not producer.done():
-                producer.cancel()
-                await asyncio.gather(producer, return_exceptions=True)
+            await tasks.cancel_and_wait(producer)
 
     async def _produce(self, pieces: Pieces, fragments: asyncio.Queue[str | None], parser: ActionParser | None) -> None:
         trace, chunker, outcome = self.trace, self.ctx.chunker(), self.outcome
@@ -328,7 +326,7 @@ class Turn:
             await pieces.aclose()  # cancelled while waiting on the queue: the stream stops now, not at collection
         await fragments.put(None)
 
-    async def _speak_fragment(self, frag: SpokenFragment, sink: Any) -> None:
+    async def _speak_fragment(self, frag: SpokenFragment, sink: AudioSink | None) -> None:
         tts, trace = self.ctx.tts, self.trace
         async for pcm in tts.stream(frag.text):
             if pcm.size == 0:

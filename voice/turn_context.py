@@ -4,25 +4,30 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncGenerator, Callable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 from voice.chunker import Chunker
 from voice.config import TTSConfig
 from voice.events import Event, State
 from voice.latency import LatencyStats
+from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
+from voice.tasks import cancel_and_wait, start
+
+if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
+    from llm.settings import DecodeSettings, Emission
 
 
 @dataclass
 class TurnContext:
     """What every turn of one session speaks with; built once by the session."""
 
-    conversation: Any  # llm.engine.Conversation
-    decode: Any  # llm.engine.DecodeSettings
-    tts: Any  # voice.tts.TextToSpeech
+    conversation: Chat
+    decode: DecodeSettings
+    tts: SpeechSynthesizer
     tts_config: TTSConfig
-    sink: Any  # audio.sinks.AudioSink, or None: the audio goes nowhere but in ReplyAudio events
+    sink: AudioSink | None  # None: the audio goes nowhere but in ReplyAudio events
     emit: Callable[[Event], None]
     set_state: Callable[[State], None]
     generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
@@ -32,12 +37,20 @@ class TurnContext:
     allowed_actions: dict[str, list[str]]
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
+    tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
 
     def chunker(self) -> Chunker:
         return Chunker.from_config(self.tts_config)
 
 
-Pieces = AsyncGenerator[Any, None]  # of llm Emission (.text, .t) or plain str
+Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
+
+
+async def close_reply(stream: AsyncIterator[Emission]) -> None:
+    """Stop a ``Chat.reply`` stream now, not when the garbage collector gets to it: until then the conversation
+    is busy and its engine may still be stepping it. Every reply is an async generator (voice/ports.py)."""
+    if isinstance(stream, AsyncGenerator):
+        await stream.aclose()
 
 
 class EarlyReply:
@@ -49,9 +62,9 @@ class EarlyReply:
         self.ctx, self.text = ctx, text
         self._on_adopt = on_adopt
         self._adopted = False
-        self._queue: asyncio.Queue[Any] = asyncio.Queue()  # Emission, an exception, then None at the end
+        self._queue: asyncio.Queue[Emission | Exception | None] = asyncio.Queue()  # ... then None at the end
         self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
-        self._task = asyncio.create_task(self._generate(), name="early reply")
+        self._task = start(self._generate(), name="early reply")
 
     @property
     def alive(self) -> bool:
@@ -67,7 +80,7 @@ class EarlyReply:
                     self._queue.put_nowait(emission)
                     self._output.set()
             finally:
-                await stream.aclose()
+                await close_reply(stream)
         except asyncio.CancelledError:
             raise
         except Exception as exc:  # surfaces in the turn that adopts this reply
@@ -79,15 +92,13 @@ class EarlyReply:
 
     async def first_output(self) -> None:
         """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
-        output = asyncio.ensure_future(self._output.wait())
+        output = start(self._output.wait())
         await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
         output.cancel()
 
     async def discard(self) -> None:
         """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
-        if not self._task.done():
-            self._task.cancel()
-        await asyncio.gather(self._task, return_exceptions=True)
+        await cancel_and_wait(self._task)
         if not self._adopted and self.ctx.conversation.uncommitted:
             self.ctx.conversation.discard()
 
@@ -106,6 +117,4 @@ class EarlyReply:
                     raise item
                 yield item
         finally:
-            if not self._task.done():
-                self._task.cancel()
-                await asyncio.gather(self._task, return_exceptions=True)
+            await cancel_and_wait(self._task)

@@ -30,6 +30,7 @@ from voice.assistant import Assistant
 from voice.events import ActionRequested, Event, StateChanged, TranscriptFinal, TranscriptPartial, TurnDone, TurnError
 from voice.memory import settle_after_load
 from voice.sdnotify import notify, watchdog, watchdog_interval
+from voice.tasks import cancel_and_wait, start
 
 
 class StatusLine:
@@ -120,12 +121,12 @@ def _services(
     if serve_too:  # serve() reports READY and pings the watchdog itself
         from voice.server import serve
 
-        return [asyncio.create_task(serve(config, assistant=assistant, stop=stop, mqtt=bridge), name="serve")]
+        return [start(serve(config, assistant=assistant, stop=stop, mqtt=bridge), name="serve")]
     tasks = []
     if bridge is not None:
-        tasks.append(asyncio.create_task(bridge.run(), name="mqtt bridge"))
+        tasks.append(start(bridge.run(), name="mqtt bridge"))
     if watchdog_interval() is not None:
-        tasks.append(asyncio.create_task(watchdog(), name="sd watchdog"))
+        tasks.append(start(watchdog(), name="sd watchdog"))
     notify("READY=1")
     notify("STATUS=listening" + (f"; mqtt {config.mqtt.host}:{config.mqtt.port}" if bridge else ""))
     return tasks
@@ -153,22 +154,20 @@ async def home(config, serve_too: bool = False) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     tasks = _services(config, assistant, speaker, session, serve_too, stop)
-    listening = asyncio.create_task(_listen(mic, sink, session), name="microphone")
+    listening = start(_listen(mic, sink, session), name="microphone")
     print("listening; speak, or Ctrl-C to quit", flush=True)
-    stopping = asyncio.create_task(stop.wait())
+    stopping = start(stop.wait(), name="stop")
     try:
         done, _ = await asyncio.wait({listening, stopping, *tasks}, return_when=asyncio.FIRST_COMPLETED)
         for task in done - {stopping}:
             task.result()  # a service that ended by itself: its error ends the device (exit 2 if bad input)
     finally:
         notify("STOPPING=1")
-        stop.set()
-        for task in (listening, stopping, *tasks):
-            if task.get_name() != "serve":
-                task.cancel()
+        stop.set()  # serve() stops by itself on it, finishing its connections within the grace
         with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*tasks, return_exceptions=True), config.server.shutdown_grace_s + 5)
-        await asyncio.gather(listening, stopping, return_exceptions=True)
+            async with asyncio.timeout(config.server.shutdown_grace_s + 5):
+                await cancel_and_wait(listening, stopping, *(t for t in tasks if t.get_name() != "serve"))
+                await asyncio.gather(*tasks, return_exceptions=True)
         mic.close()
         await session.close()
         sink.close()

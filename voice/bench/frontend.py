@@ -36,8 +36,10 @@ from voice.bench.stub_llm import StubLLM
 from voice.config import config_to_toml
 from voice.latency import percentiles
 from voice.speechset import espeak_utterance
+from voice.tasks import Tasks
 from voice.transports.realtime_wire import WIRE_RATE
 
+_drains = Tasks()  # the front-ends' stderr readers (a task nobody keeps can vanish mid-flight)
 QUESTIONS = (
     "What is the capital of France?",
     "How far away is the moon?",
@@ -144,7 +146,7 @@ async def _start_frontend(config, path: Path) -> asyncio.subprocess.Process:
         while b"specvoice serve:" not in (line := await proc.stderr.readline()):
             if not line:
                 raise RuntimeError(f"the front-end did not start (exit {await proc.wait()})")
-    asyncio.get_running_loop().create_task(_drain(proc.stderr))
+    _drains.spawn(_drain(proc.stderr))  # kept until the front-end exits
     return proc
 
 

@@ -35,6 +35,7 @@ from voice.bench import soak_hostile as hostile
 from voice.latency import percentiles
 from voice.memory import settle_after_load
 from voice.server import serve
+from voice.tasks import start
 
 PROMPTS = (
     "What is a good name for a cat?",
@@ -142,8 +143,8 @@ async def hostile_phase(
             cfg.mqtt.enabled, cfg.mqtt.host, cfg.mqtt.port = True, "127.0.0.1", mosquitto.port
         mqtt_inputs = hostile.mqtt_inputs(rng, cfg.mqtt.prefix, n_mqtt)
         stop, ready = asyncio.Event(), asyncio.Event()
-        server = asyncio.create_task(serve(cfg, ready=ready, assistant=assistant, stop=stop))
-        await asyncio.wait({server, asyncio.create_task(ready.wait())}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
+        server = start(serve(cfg, ready=ready, assistant=assistant, stop=stop), name="serve")
+        await asyncio.wait({server, start(ready.wait())}, timeout=60, return_when=asyncio.FIRST_COMPLETED)
         if server.done():
             server.result()  # its startup error
         # one honest use of every service first (each model's first work allocates its arenas), then the baseline
@@ -222,7 +223,7 @@ async def conversation_phase(assistant: Assistant, turns: int, gap_s: float, rss
                     "new_tokens": decoder.get("new_tokens"),
                     "history_messages": len(session.history),
                     "warm_ms": warm_ms,  # None: the warm-up was still running when the next question came
-                    "trims": session.conversation.trims,
+                    "trims": getattr(session.conversation, "trims", None),  # the local conversation counts them
                 }
             )
     finally:

@@ -21,6 +21,8 @@ import re
 import time
 from typing import Any
 
+from voice.tasks import start
+
 TOKENS_PER_WORD = 1.3
 REPLY = (
     "Paris is the capital of France, and it sits on the river Seine. Spring and early autumn are the best "
@@ -84,7 +86,7 @@ class StubLLM:
         """Stream the reply; False when the client closed the connection first (noted in ``closed``)."""
         self.requests += 1
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        gone = asyncio.ensure_future(reader.read(1))  # the client sends nothing more until the reply is over
+        gone = start(reader.read(1))  # the client sends nothing more until the reply is over
         try:
             wanted = max(1, int(int(body.get("max_tokens") or 10**6) / TOKENS_PER_WORD))  # in words
             words = (self.words * (wanted // len(self.words) + 1) if self.cycle else self.words)[:wanted]

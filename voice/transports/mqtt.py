@@ -48,6 +48,7 @@ import aiomqtt
 from voice.actions import check_allowed
 from voice.config import Config
 from voice.events import ActionRequested, Event, State, StateChanged, TranscriptFinal, TurnDone, TurnError
+from voice.tasks import cancel_and_wait, start
 from voice.transports.common import package_version
 from voice.transports.mqtt_commands import CommandRunner
 from voice.transports.mqtt_discovery import discovery_messages
@@ -183,15 +184,14 @@ class MqttBridge:
             self.assistant.remove_listener(self._on_event)
             if self._discovery_timer is not None:
                 self._discovery_timer.cancel()
-            worker.cancel()
-            await asyncio.gather(worker, return_exceptions=True)
+            await cancel_and_wait(worker)
             await self.commands.close()
 
     async def _serve(self, client: aiomqtt.Client) -> None:
         await self._on_connected(client)
         self._stopping = False
-        reader = asyncio.create_task(self._read(client))
-        publisher = asyncio.create_task(self._publish_outbox(client))
+        reader = start(self._read(client), name="mqtt reader")
+        publisher = start(self._publish_outbox(client), name="mqtt publisher")
         try:
             done, _ = await asyncio.wait({reader, publisher}, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
@@ -207,9 +207,7 @@ class MqttBridge:
                 await client.publish(self.topics.availability, "offline", qos=1, retain=True, timeout=2)
             raise
         finally:
-            for task in (reader, publisher):
-                task.cancel()
-            await asyncio.gather(reader, publisher, return_exceptions=True)
+            await cancel_and_wait(reader, publisher)
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
         t = self.topics

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.events import Event, ReplyAudio, TurnDone
+from voice.tasks import Tasks, start
 from voice.transports.mqtt_payloads import Command
 
 log = logging.getLogger("specvoice.mqtt")
@@ -37,12 +38,12 @@ class CommandRunner:
         self.current_kind = ""
         self.current_session: Any = None
         self._audio_samples = 0
-        self._tasks: set[asyncio.Task] = set()
+        self._tasks = Tasks()
 
     def start(self, new_session: Callable[[str], Any]) -> asyncio.Task:
         self._new_session = new_session
         self.speaker = new_session("mqtt")
-        return asyncio.create_task(self._work(), name="mqtt commands")
+        return start(self._work(), name="mqtt commands")
 
     async def close(self) -> None:
         for session in [self.speaker, *(s for s, _ in self.conversations.values())]:
@@ -68,9 +69,7 @@ class CommandRunner:
             self.bridge._quiet.warning("busy", "mqtt command refused: queue full", topic=command.source)
 
     def cancel_soon(self, *, local: bool) -> None:
-        task = asyncio.create_task(self.cancel(local=local))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        self._tasks.spawn(self.cancel(local=local))
 
     async def cancel(self, *, local: bool) -> None:
         """Stop the command in progress (and, for <p>/cancel, the local device's reply too)."""
@@ -86,7 +85,7 @@ class CommandRunner:
         while True:
             command = await self.queue.get()
             self.current_kind = command.kind
-            self.current = asyncio.create_task(self._run(command))
+            self.current = start(self._run(command))
             try:
                 await asyncio.shield(self.current)
             except asyncio.CancelledError:

@@ -15,6 +15,7 @@ naming it, and the session goes on. One event is ours, ``specvoice.latency``, ri
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import json
 import logging
@@ -36,7 +37,7 @@ from voice.events import (
     TurnError,
 )
 from voice.logs import RateLimitedLog
-from voice.tasks import Tasks
+from voice.tasks import Tasks, cancel_and_wait, start
 from voice.transports.common import Shared
 from voice.transports.realtime_events import (
     Append,
@@ -149,7 +150,7 @@ class RealtimeConnection:
         return bool(self._tasks) or self.responses.current is not None or self.session.replying
 
     async def run(self) -> None:
-        writer = asyncio.create_task(self._writer())
+        writer = start(self._writer(), name="realtime writer")
         self._send_session("session.created")
         try:
             await self._read_loop()
@@ -159,11 +160,9 @@ class RealtimeConnection:
             await self._tasks.stop()
             await self.session.close()
             self._out.put_nowait(None)
-            try:
-                await asyncio.wait_for(writer, timeout=2.0)
-            except (TimeoutError, ConnectionClosed):
-                writer.cancel()
-            await asyncio.gather(writer, return_exceptions=True)
+            with contextlib.suppress(TimeoutError, ConnectionClosed):
+                await asyncio.wait_for(writer, timeout=2.0)  # what is queued goes out first
+            await cancel_and_wait(writer)
 
     async def _read_loop(self) -> None:
         idle = self.config.server.idle_timeout_s
@@ -236,7 +235,7 @@ class RealtimeConnection:
 
     def _apply(self, s: Settings) -> None:
         """Make ``s`` what the session's next turns use (tools, decoding, audio or text)."""
-        self.session.conversation.tools = s.chat_tools()
+        self.session.tools = s.chat_tools()
         self.session.decode = replace(self._base_decode, temperature=s.temperature, max_new_tokens=s.max_output_tokens)
         self.session.speak_replies = "audio" in s.modalities
 

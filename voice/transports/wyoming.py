@@ -29,7 +29,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable, Coroutine
 from typing import Any
 
 import numpy as np
@@ -363,5 +363,5 @@ class WyomingHandler(AsyncEventHandler):
                 yield routed
 
 
-def _saying(text: str) -> Callable[[Session], Awaitable[Any]]:
+def _saying(text: str) -> Callable[[Session], Coroutine[Any, Any, object]]:
     return lambda session: session.say(text)

@@ -15,12 +15,13 @@ import asyncio
 import contextlib
 import time
 from collections import OrderedDict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
 from voice.events import ReplyTextDelta, TurnError
 from voice.session import Session
+from voice.tasks import cancel_and_wait, start
 
 
 @dataclass
@@ -66,15 +67,17 @@ class Routed:
             self.collector(event)
 
     async def run(
-        self, work: Callable[[Session], Awaitable[Any]], on_text: Callable[[str], Awaitable[None]] | None = None
+        self,
+        work: Callable[[Session], Coroutine[Any, Any, Any]],
+        on_text: Callable[[str], Awaitable[None]] | None = None,
     ) -> tuple[Any, str | None]:
         """Run ``work(session)`` (an ask or a say), handing reply text to ``on_text`` as it comes. Returns its
         result and the failure (None when it went through): a failed turn is never reported as a success."""
         collector = self.collector = Collector()
-        task = asyncio.ensure_future(work(self.session))
+        task = start(work(self.session))
         try:
             while not task.done():
-                woken = asyncio.ensure_future(collector.woken.wait())
+                woken = start(collector.woken.wait())
                 await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
                 woken.cancel()
                 collector.woken.clear()
@@ -83,9 +86,7 @@ class Routed:
             if on_text is not None and (text := collector.take_text()):
                 await on_text(text)
         finally:
-            if not task.done():
-                task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
+            await cancel_and_wait(task)
             self.collector = None
         if task.cancelled():
             return None, "the turn was cancelled"
