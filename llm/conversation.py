@@ -86,7 +86,7 @@ class Conversation(ChatHistory):
         self.warm_tokens = 0  # prompt tokens the warm-ups fed the target (in the background; tests, benchmarks)
         self.last_stats: DecodeStats | None = None
         # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
-        # the template shows them to the model, which answers with a call in its own syntax (voice/toolcalls.py)
+        # the template shows them to the model, which answers with a call in its own syntax (voice/dialog/toolcalls.py)
         self.tools: list[dict[str, Any]] | None = None
 
     @property

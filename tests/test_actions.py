@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voice.actions import MAX_BODY_CHARS, REFUSED_SPEECH, ActionParser, action_instructions, check_allowed
+from voice.dialog.actions import MAX_BODY_CHARS, REFUSED_SPEECH, ActionParser, action_instructions, check_allowed
 from voice.events import ActionRequested
 
 ALLOWED = {"home/kitchen/light/set": ["ON", "OFF"], "home/fan/set": ["low", "high"]}

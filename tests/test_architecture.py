@@ -101,6 +101,31 @@ def test_audio_and_llm_never_import_voice():
     assert {m: d for m, d in offenders.items() if d} == {}
 
 
+# voice/'s stages, lowest first: each may import the layers below it and voice/'s shared modules (config, models,
+# events, ports, tasks, ...), never a layer above. The stages know nothing of sessions; sessions nothing of wires.
+VOICE_LAYERS = (
+    ("voice.hearing", "voice.speaking", "voice.remote"),  # ears, mouth, and both on other machines
+    ("voice.dialog",),  # sessions, turns, actions, tool calls
+    ("voice.transports",),  # websocket (Realtime), Wyoming, MQTT
+)
+
+
+def test_voice_stages_import_downwards_only():
+    def layer(module: str) -> int | None:
+        return next((i for i, pkgs in enumerate(VOICE_LAYERS) if module.startswith(tuple(p + "." for p in pkgs))), None)
+
+    offenders = {}
+    for m, deps in _graph().items():
+        here = layer(m)
+        if here is None:
+            continue
+        up = sorted(d for d in deps if (there := layer(d)) is not None and there > here)
+        if up:
+            offenders[m] = up
+    assert offenders == {}
+    assert all((ROOT / p.replace(".", "/") / "__init__.py").exists() for pkgs in VOICE_LAYERS for p in pkgs)
+
+
 def test_the_library_never_imports_the_app_or_the_benchmarks():
     """voice/app (the CLI) and the benchmarks sit on top; nothing in the library reaches up into them."""
     top = ("voice.app", "voice.bench", "llm.bench")
@@ -126,7 +151,7 @@ def test_no_module_is_too_long_to_read_in_one_sitting():
 
 # ---- ports: the session, its turns and the assistant speak to the models through typed ports -----------------
 
-PORT_USERS = ("voice/session.py", "voice/turn.py", "voice/turn_context.py", "voice/assistant.py")
+PORT_USERS = ("voice/dialog/session.py", "voice/dialog/turn.py", "voice/dialog/turn_context.py", "voice/assistant.py")
 
 
 def _names_any(annotation: ast.expr | None) -> bool:

@@ -6,7 +6,7 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from voice.chunker import Chunker
+from voice.speaking.chunker import Chunker
 
 REPLY = (
     "Sure, the kitchen light is on now. It costs 3.14 dollars, about 1,000 yen. Dr. Smith said e.g. the "

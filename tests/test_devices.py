@@ -19,9 +19,9 @@ from audio.devices import DeviceError, find_device, list_devices
 from audio.resample import resample
 from audio.sinks import SpeakerSink
 from audio.sources import MicSource
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
-from voice.stt import SpeechToText
-from voice.tts import TextToSpeech
+from voice.speaking.tts import TextToSpeech
 
 from speech import spoken_as
 

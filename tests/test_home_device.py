@@ -27,8 +27,8 @@ import numpy as np
 import pytest
 
 from audio.frames import SPEECH_RATE
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
-from voice.stt import SpeechToText
 
 from broker import Broker, free_port
 from speech import piper, spoken_as, wer

@@ -16,10 +16,10 @@ import pytest
 
 from audio.frames import SPEECH_RATE
 from voice.events import TranscriptPartial
-from voice.listener import Listener, UtteranceEnded
+from voice.hearing.listener import Listener, UtteranceEnded
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
-from voice.stt import SpeechToText
 
 JOE = Voice("piper-joe", "piper")
 BLOCK = SPEECH_RATE // 50

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 from audio.frames import SPEECH_RATE
-from voice.endpointing import TurnModel
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted
-from voice.listener import Listener, UtteranceEnded
+from voice.hearing.endpointing import TurnModel
+from voice.hearing.listener import Listener, UtteranceEnded
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
-from voice.stt import SpeechToText
 
 from speech import heard_as
 

@@ -11,7 +11,7 @@ import pytest
 
 from voice.assistant import Assistant
 from voice.config import load_config
-from voice.transports.mqtt import MqttBridge
+from voice.transports.mqtt.bridge import MqttBridge
 
 from broker import Broker, Home
 

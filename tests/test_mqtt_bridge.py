@@ -19,11 +19,11 @@ import aiomqtt
 import pytest
 
 from audio.sinks import WavSink
-from voice.actions import ActionParser
 from voice.assistant import Assistant
 from voice.config import Config, MQTTConfig
+from voice.dialog.actions import ActionParser
 from voice.events import ActionRequested
-from voice.transports.mqtt import MqttBridge
+from voice.transports.mqtt.bridge import MqttBridge
 
 from broker import Broker, Home, make_tls_files
 
@@ -414,7 +414,7 @@ BRIDGE_PROCESS = textwrap.dedent("""
     import asyncio, sys
     from voice.assistant import Assistant
     from voice.config import load_config
-    from voice.transports.mqtt import MqttBridge
+    from voice.transports.mqtt.bridge import MqttBridge
 
     async def main():
         config = load_config("configs/small.toml", environ={}, overrides=[

@@ -12,9 +12,9 @@ import pytest
 from test_mqtt_bridge import ENTITIES, bridge_config, running
 
 from voice.assistant import Assistant
-from voice.transports.mqtt import MqttBridge
-from voice.transports.mqtt_outbox import Outbox, TokenBucket
-from voice.transports.mqtt_payloads import Outgoing, Priority
+from voice.transports.mqtt.bridge import MqttBridge
+from voice.transports.mqtt.outbox import Outbox, TokenBucket
+from voice.transports.mqtt.payloads import Outgoing, Priority
 
 from broker import Broker, Home
 

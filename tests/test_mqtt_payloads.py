@@ -2,7 +2,7 @@
 
 import pytest
 
-from voice.transports.mqtt_payloads import (
+from voice.transports.mqtt.payloads import (
     MAX_TEXT_CHARS,
     PayloadError,
     Topics,

@@ -268,7 +268,7 @@ async def test_speech_before_any_of_the_reply_continues_the_question(assistant, 
     config.dialog.early_reply = False  # an early reply would wait for the generator too
     quick = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
     rec, sink, session, mic = open_session(quick)
-    async with quick.generation_turn:  # another session is generating: this turn waits for it
+    async with quick.generation_lock:  # another session is generating: this turn waits for it
         await mic.play(speech("What is the capital of France?"))
         await mic.silence(0.6)
         assert rec.of(SpeechStopped), "the pause ended the turn"

@@ -27,7 +27,7 @@ from voice.assistant import Assistant
 from voice.config import ConfigError
 from voice.server import serve
 from voice.speechset import espeak_utterance, wer
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.wire import WIRE_RATE
 
 from broker import free_port
 from realtime_client import b64, make_config

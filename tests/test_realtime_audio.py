@@ -18,9 +18,9 @@ import pytest
 from audio import g711
 from audio.resample import resample
 from voice.assistant import Assistant
-from voice.transports.realtime_items import Items
-from voice.transports.realtime_responses import Responses
-from voice.transports.realtime_wire import WIRE_RATE, WireFormat
+from voice.transports.realtime.items import Items
+from voice.transports.realtime.responses import Responses
+from voice.transports.realtime.wire import WIRE_RATE, WireFormat
 
 from realtime_client import b64, make_config, realtime
 from test_audio_codecs import realtime_chunks, snr_db, tone

@@ -16,8 +16,8 @@ from audio import g711
 from audio.resample import resample
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
-from voice.transports.realtime_responses import LATENCY_KEY
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.responses import LATENCY_KEY
+from voice.transports.realtime.wire import WIRE_RATE
 
 from realtime_client import b64, errors, make_config, realtime, types
 

@@ -38,7 +38,7 @@ from pipecat.services.openai.realtime.llm import OpenAIRealtimeLLMService  # noq
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving

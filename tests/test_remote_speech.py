@@ -15,7 +15,7 @@ from audio.resample import resample
 from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.events import ReplyAudio, State, TurnError
-from voice.remote_speech import RemoteSpeechToText, RemoteTextToSpeech
+from voice.remote.speech import RemoteSpeechToText, RemoteTextToSpeech
 from voice.speechset import piper_utterance
 
 from broker import free_port

@@ -21,7 +21,7 @@ from openai import AsyncOpenAI
 
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving

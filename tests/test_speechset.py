@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from audio.frames import SPEECH_RATE
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
 from voice.speechset import (
     COMPLETE_REQUESTS,
@@ -28,7 +29,6 @@ from voice.speechset import (
     varied_set,
     wer,
 )
-from voice.stt import SpeechToText
 
 ROOT = Path(__file__).resolve().parent.parent
 # one espeak voice, one piper voice, one noisy voice: a checksum of their samples in a fresh process

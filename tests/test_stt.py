@@ -6,10 +6,10 @@ import types
 import numpy as np
 import pytest
 
-from audio.turn import TRANSCRIPT_PROMPT
+from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config
+from voice.hearing.stt import SpeechToText, Word, _piled_up
 from voice.models import ModelError, resolve
-from voice.stt import SpeechToText, Word, _piled_up
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, wer
 
@@ -159,7 +159,7 @@ async def test_a_fitted_window_keeps_whisper_s_words_on_clean_speech(stt, small_
 
 
 async def test_a_prompted_pass_is_not_continued_past_the_speech(small_config):
-    """The pass at a pause carries audio.turn.TRANSCRIPT_PROMPT. With that prompt a shortened window made Whisper
+    """The pass at a pause carries audio.end_of_turn.TRANSCRIPT_PROMPT. With that prompt a shortened window made Whisper
     run on after the question ("... octopuses. Thanks for watching, see you next time, ..."): a prompted pass
     gets the whole window, and a fitted pass whose last words pile up at one instant is decoded again whole."""
     sentence = "Tell me a fun fact about octopuses."

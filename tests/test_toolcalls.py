@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from voice.toolcalls import ToolCallParser, call_message
+from voice.dialog.toolcalls import ToolCallParser, call_message
 
 FENCED = '```json\n{\n  "name": "get_weather",\n  "arguments": {\n    "city": "Paris"\n  }\n}\n```'
 

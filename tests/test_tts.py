@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 
 from audio.resample import resample
-from voice.chunker import Chunker
+from voice.hearing.stt import SpeechToText
 from voice.models import ModelError, Resolved, resolve
-from voice.stt import SpeechToText
-from voice.tts import TextToSpeech
+from voice.speaking.chunker import Chunker
+from voice.speaking.tts import TextToSpeech
 
 from speech import spoken_as, wer
 

@@ -15,8 +15,8 @@ from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.models import resolve
 from voice.ports import SpeechSynthesizer
-from voice.remote_speech import RemoteTextToSpeech
-from voice.tts import TextToSpeech
+from voice.remote.speech import RemoteTextToSpeech
+from voice.speaking.tts import TextToSpeech
 
 WORD_S = 0.1
 

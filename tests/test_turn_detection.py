@@ -7,8 +7,7 @@ import json
 import numpy as np
 import pytest
 
-from audio.frames import SPEECH_RATE, AudioChunk
-from audio.turn import (
+from audio.end_of_turn import (
     TRANSCRIPT_PROMPT,
     EndOfTurnPolicy,
     SmartTurn,
@@ -18,11 +17,12 @@ from audio.turn import (
     model_window,
     transcript_unfinished,
 )
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad
 from voice.config import load_config
+from voice.hearing.stt import SpeechToText
 from voice.models import REGISTRY, check_cache, resolve
 from voice.speechset import Voice
-from voice.stt import SpeechToText
 
 JOE = Voice("piper-joe", "piper")
 BLOCK = SPEECH_RATE // 50  # 20 ms

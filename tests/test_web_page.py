@@ -39,8 +39,8 @@ from audio.wavfile import write_wav
 from voice.assistant import Assistant
 from voice.speechset import espeak_utterance, wer
 from voice.transports.common import SessionSlots, Shared
-from voice.transports.realtime_server import RealtimeServer
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.server import RealtimeServer
+from voice.transports.realtime.wire import WIRE_RATE
 
 from broker import free_port
 from serving import serving

@@ -28,7 +28,7 @@ from audio.resample import resample
 from voice.assistant import Assistant
 from voice.config import ConfigError
 from voice.speechset import wer
-from voice.transports.wyoming import Gate
+from voice.transports.wyoming.handler import Gate
 
 from broker import free_port
 from serving import serving

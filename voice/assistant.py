@@ -2,7 +2,7 @@
 
 One place owns the model work's scheduling, so nothing queues behind anything else by accident:
 - the LLM runs on the engine's own worker thread (llm/engine.py), one step at a time, and whole generations
-  take turns first come first served (``generation_turn``): on a CPU, interleaving the steps of eight replies
+  take turns first come first served (``generation_lock``): on a CPU, interleaving the steps of eight replies
   makes all eight late instead of one;
 - Whisper passes run on the STT worker and piper syntheses on the TTS worker, one thread each, never in Python's
   default pool (where a burst of one could starve the other);
@@ -21,13 +21,13 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING
 
 from voice.config import Config
-from voice.endpointing import TurnModel
+from voice.dialog.session import Session
 from voice.events import Event, EventHandler
+from voice.hearing.endpointing import TurnModel
+from voice.hearing.listener import Listener
 from voice.latency import LatencyStats
-from voice.listener import Listener
 from voice.memory import Trimmer
 from voice.ports import AudioSink, ChatEngine, SpeechRecognizer, SpeechSynthesizer
-from voice.session import Session
 from voice.tasks import Job, Tasks
 
 if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
@@ -75,10 +75,10 @@ class Assistant:
     @classmethod
     def load_sync(cls, config: Config) -> Assistant:
         from llm.load import load_engine
+        from voice.hearing.stt import SpeechToText
         from voice.models import resolve
-        from voice.remote import remote_backends
-        from voice.stt import SpeechToText
-        from voice.tts import TextToSpeech
+        from voice.remote.llm import remote_backends
+        from voice.speaking.tts import TextToSpeech
 
         m, llm = config.models, config.llm
         started = time.monotonic()
@@ -152,7 +152,7 @@ class Assistant:
         )
 
     @property
-    def generation_turn(self) -> asyncio.Lock:
+    def generation_lock(self) -> asyncio.Lock:
         """One generation at a time, whole turns first come first served (asyncio.Lock wakes waiters in FIFO
         order). One lock per event loop, so an Assistant can outlive a loop (tests, embedding). With a remote LLM
         (``engine.concurrent``) each session gets its own lock: the server schedules, we must not serialise."""

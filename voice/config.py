@@ -235,7 +235,7 @@ class VADConfig(_Section):
 
 
 class TurnConfig(_Section):
-    """When the user's turn is over (audio.turn.EndOfTurnPolicy). 'smart': after min_silence_ms of silence ask
+    """When the user's turn is over (audio.end_of_turn.EndOfTurnPolicy). 'smart': after min_silence_ms of silence ask
     the Smart Turn model; end at once if it says complete (and the transcript so far does not trail off),
     else keep listening up to max_silence_ms. 'vad' (or the model missing): vad.end_silence_ms of silence."""
 

@@ -170,7 +170,7 @@ class MQTTConfig(_Section):
 
     @model_validator(mode="after")
     def _usable(self) -> MQTTConfig:
-        from voice.actions import check_allowed  # late: actions imports events only, but keep config light
+        from voice.dialog.actions import check_allowed  # late: actions imports events only, but keep config light
 
         check_allowed(self.allowed_actions)
         for topic, template in self.events.items():

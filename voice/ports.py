@@ -2,13 +2,13 @@
 
 Each port is a ``Protocol``: an implementation conforms by its shape, never by inheriting, so llm/ and audio/
 never import voice/. mypy checks every implementation where the assistant takes it (voice/assistant.py,
-voice/remote.py), so a session or a turn can only use what all of them have.
+voice/remote/llm.py), so a session or a turn can only use what all of them have.
 
     port               implementations
     ChatEngine, Chat   llm/engine.py + llm/conversation.py (torch), llm/llamacpp_engine.py (llama.cpp, same
                        Conversation), llm/remote.py (an OpenAI-compatible server)
-    SpeechRecognizer   voice/stt.py (faster-whisper), voice/remote_speech.py (a Wyoming asr server)
-    SpeechSynthesizer  voice/tts.py (piper), voice/remote_speech.py (a Wyoming tts server)
+    SpeechRecognizer   voice/hearing/stt.py (faster-whisper), voice/remote/speech.py (a Wyoming asr server)
+    SpeechSynthesizer  voice/speaking/tts.py (piper), voice/remote/speech.py (a Wyoming tts server)
     AudioSink          audio/sinks.py (speaker, WAV file), audio/shared_speaker.py, the transports' sinks
 
 How one reply is decoded is plain data, the same for every engine: ``llm.settings.DecodeSettings``, not a port.
@@ -37,7 +37,8 @@ class Chat(Protocol):
 
     A voice turn streams ``reply(..., commit=False)`` and then writes the exchange once: ``commit`` with the words
     the user heard, or ``discard`` (a reply started early on a guess). Every ``reply`` is an async generator: a
-    turn closes it the moment it stops listening (``voice.turn_context.close_reply``), so the chat is free at once."""
+    turn closes it the moment it stops listening (``voice.dialog.turn_context.close_reply``), so the chat is free
+    at once."""
 
     @property
     def messages(self) -> list[dict[str, Any]]: ...

@@ -7,7 +7,7 @@ the Wyoming server (voice/transports/wyoming*.py), the MQTT bridge when ``mqtt.e
 
 Scheduling: the LLM runs on one worker thread, one model step at a time (llm/engine.py); steps of concurrent
 turns are queued in the order they are asked for, so on a CPU one generation runs at a time and every session
-keeps moving. STT passes are serialised the same way (voice/stt.py).
+keeps moving. STT passes are serialised the same way (voice/hearing/stt.py).
 
 Shutdown: SIGTERM (or SIGINT) stops the listeners, lets turns in progress finish for ``server.shutdown_grace_s``,
 cancels what is left (a cancelled turn is trimmed in its history like a barge-in), closes websockets with 1001
@@ -26,9 +26,9 @@ from voice.metrics import Metrics
 from voice.sdnotify import notify, watchdog
 from voice.tasks import cancel_and_wait, start
 from voice.transports.common import SessionSlots, Shared, is_loopback
-from voice.transports.realtime_server import PATHS, RealtimeServer
-from voice.transports.wyoming import Gate
-from voice.transports.wyoming_server import WyomingServer
+from voice.transports.realtime.server import PATHS, RealtimeServer
+from voice.transports.wyoming.handler import Gate
+from voice.transports.wyoming.server import WyomingServer
 
 log = logging.getLogger("specvoice.serve")
 
@@ -104,7 +104,7 @@ async def serve(
 
             metrics_http = start_http_server(config.server.metrics_port, addr="127.0.0.1", registry=metrics.registry)
         if mqtt is None and config.mqtt.enabled:
-            from voice.transports.mqtt import MqttBridge
+            from voice.transports.mqtt.bridge import MqttBridge
 
             mqtt = MqttBridge(config, assistant)
         if mqtt is not None:

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 from voice.assistant import Assistant
 from voice.config import MQTTConfig
-from voice.transports.mqtt import MqttBridge
+from voice.transports.mqtt.bridge import MqttBridge
 
 from broker import Broker, Home
 

@@ -22,7 +22,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from websockets.sync.client import connect
 
-from voice.transports.realtime_events import SCHEMAS
+from voice.transports.realtime.events import SCHEMAS
 
 from realtime_client import check_event, make_config
 

@@ -20,7 +20,7 @@ from voice.assistant import Assistant
 from voice.config import ConfigError
 from voice.logs import ClientWarnings, RateLimitedLog
 from voice.server import check_exposure
-from voice.transports.realtime_server import HANDSHAKE_FAILED, HandshakeLog, origin_allowed
+from voice.transports.realtime.server import HANDSHAKE_FAILED, HandshakeLog, origin_allowed
 
 from broker import free_port
 from realtime_client import Client, b64, make_config, realtime

@@ -27,7 +27,15 @@ from audio.shared_speaker import SharedSpeaker
 from audio.sinks import SpeakerSink
 from audio.sources import MicSource
 from voice.assistant import Assistant
-from voice.events import ActionRequested, Event, StateChanged, TranscriptFinal, TranscriptPartial, TurnDone, TurnError
+from voice.events import (
+    ActionRequested,
+    Event,
+    StateChanged,
+    TranscriptFinal,
+    TranscriptPartial,
+    TurnDone,
+    TurnError,
+)
 from voice.memory import settle_after_load
 from voice.sdnotify import notify, watchdog, watchdog_interval
 from voice.tasks import cancel_and_wait, start
@@ -108,7 +116,7 @@ def _services(
     """The MQTT bridge (on its own lane of the speaker) and, with ``serve_too``, the servers."""
     bridge = None
     if config.mqtt.enabled:
-        from voice.transports.mqtt import MqttBridge
+        from voice.transports.mqtt.bridge import MqttBridge
 
         bridge = MqttBridge(config, assistant, sink=speaker.lane())
         bridge.sink.on_preempted = bridge.preempted

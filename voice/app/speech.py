@@ -29,8 +29,8 @@ async def transcribe_file(config: Any, path: str) -> list[str]:
     """Play the file through the ears a microphone uses (real-time paced blocks -> the Listener), printing the
     partial transcripts live and a final line per utterance."""
     from audio.sources import WavSource
-    from voice.listener import Listener, UtteranceEnded
-    from voice.stt import SpeechToText
+    from voice.hearing.listener import Listener, UtteranceEnded
+    from voice.hearing.stt import SpeechToText
 
     stt = SpeechToText(resolve(config.models.stt, "stt", config.models.cache_dir), config.stt)
     listener = Listener.from_config(config, stt)
@@ -67,8 +67,8 @@ def transcribe_main(config, args, extra: list[str]) -> int:
 async def speak(config, text: str, out: str | None) -> dict[str, float]:
     from audio.resample import resample
     from audio.sinks import SpeakerSink, WavSink
-    from voice.chunker import Chunker
-    from voice.tts import TextToSpeech
+    from voice.speaking.chunker import Chunker
+    from voice.speaking.tts import TextToSpeech
 
     tts = TextToSpeech(resolve(config.models.tts, "tts", config.models.cache_dir), config.tts)
     sink: WavSink | SpeakerSink

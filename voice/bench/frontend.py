@@ -37,7 +37,7 @@ from voice.config import config_to_toml
 from voice.latency import percentiles
 from voice.speechset import espeak_utterance
 from voice.tasks import Tasks
-from voice.transports.realtime_wire import WIRE_RATE
+from voice.transports.realtime.wire import WIRE_RATE
 
 _drains = Tasks()  # the front-ends' stderr readers (a task nobody keeps can vanish mid-flight)
 QUESTIONS = (

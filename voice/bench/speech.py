@@ -48,7 +48,7 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
     """Play a WAV through the product's Listener (real-time paced blocks, as a microphone delivers them) and
     return each utterance it heard, with its times on the audio clock and when its final transcript was ready."""
     from audio.sources import WavSource
-    from voice.listener import Listener, UtteranceEnded
+    from voice.hearing.listener import Listener, UtteranceEnded
 
     listener = Listener.from_config(config, stt)
     source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 300)
@@ -76,7 +76,7 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
 
 
 async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
-    from voice.stt import SpeechToText
+    from voice.hearing.stt import SpeechToText
 
     stt = SpeechToText(resolve(config.models.stt, "stt", config.models.cache_dir), config.stt)
     await stt.transcribe(espeak_utterance("warm up"))  # first pass allocates; not part of the figures
@@ -129,7 +129,7 @@ async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
 
 
 async def bench_tts(config, repeats: int) -> dict:
-    from voice.tts import TextToSpeech
+    from voice.speaking.tts import TextToSpeech
 
     tts = TextToSpeech(resolve(config.models.tts, "tts", config.models.cache_dir), config.tts)
     async for _ in tts.stream("Warm up."):

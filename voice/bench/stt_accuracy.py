@@ -31,17 +31,18 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from audio.frames import SPEECH_RATE, AudioChunk
-from audio.turn import (
+from audio.end_of_turn import (
     TRANSCRIPT_PROMPT,
     EndOfTurnPolicy,
     SmartTurn,
     TurnAction,
     TurnSettings,
 )
+from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad
 from voice.bench import count, positive
 from voice.config import STTConfig
+from voice.hearing.stt import SpeechToText
 from voice.models import resolve
 from voice.speechset import (
     Utterance,
@@ -51,7 +52,6 @@ from voice.speechset import (
     varied_set,
     wer,
 )
-from voice.stt import SpeechToText
 
 BLOCK = SPEECH_RATE // 50  # 20 ms, as the microphone delivers it
 PREROLL_S = 0.3  # the VAD's pre-roll: the turn audio starts this long before the detected speech start
@@ -423,7 +423,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-silences", default="1000,1500")
     parser.add_argument("--reasks", default="0,300")
     parser.add_argument(
-        "--no-prompt", action="store_true", help="decode the transcript check without audio.turn.TRANSCRIPT_PROMPT"
+        "--no-prompt",
+        action="store_true",
+        help="decode the transcript check without audio.end_of_turn.TRANSCRIPT_PROMPT",
     )
     parser.add_argument("--min-silence", type=positive, default=200)
     parser.add_argument("--turn-threads", type=positive, default=1, help="Smart Turn onnxruntime threads")

@@ -16,7 +16,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, ValidationInfo
 
-from voice.transports.realtime_wire import ClientError, load_json
+from voice.transports.realtime.wire import ClientError, load_json
 
 MAX_ID = 128  # ids and names a client chooses (pipecat's are 32-36 characters)
 

@@ -39,7 +39,7 @@ from voice.events import (
 from voice.logs import RateLimitedLog
 from voice.tasks import Tasks, cancel_and_wait, start
 from voice.transports.common import Shared
-from voice.transports.realtime_events import (
+from voice.transports.realtime.events import (
     Append,
     ClientEvent,
     ItemCreate,
@@ -53,11 +53,11 @@ from voice.transports.realtime_events import (
     Truncate,
     parse_client_event,
 )
-from voice.transports.realtime_input import RealtimeInput
-from voice.transports.realtime_items import Items, from_client
-from voice.transports.realtime_responses import RealtimeSink, Response, Responses
-from voice.transports.realtime_session import Settings, asks_for_unsupported, session_object
-from voice.transports.realtime_wire import ClientError, new_id
+from voice.transports.realtime.input import RealtimeInput
+from voice.transports.realtime.items import Items, from_client
+from voice.transports.realtime.responses import RealtimeSink, Response, Responses
+from voice.transports.realtime.session import Settings, asks_for_unsupported, session_object
+from voice.transports.realtime.wire import ClientError, new_id
 
 log = logging.getLogger("specvoice.realtime")
 

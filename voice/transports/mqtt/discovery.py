@@ -20,7 +20,7 @@ import json
 from typing import Any
 
 from voice.events import State
-from voice.transports.mqtt_payloads import Outgoing, Priority, Topics
+from voice.transports.mqtt.payloads import Outgoing, Priority, Topics
 
 HA_STATE_MAX = 255  # Home Assistant sensor states and text entities hold at most 255 characters
 EVENT_TYPES = ["wake_word", "turn_end"]

@@ -14,7 +14,7 @@ seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper
 is fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and
 a pass takes a fraction of the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER
 included). Two exceptions keep Whisper in the conditions it was trained on: a pass with an initial prompt (the pass at a
-pause, with audio.turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it
+pause, with audio.end_of_turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it
 continue past the speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at
 10 s and still at 20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with
 no audio under it) is decoded again with the whole window. It stays opt-in: in the test suite a fitted window
@@ -318,7 +318,7 @@ class StreamingTranscription:
     ) -> str | None:
         """Re-decode the buffer and return committed + tentative text; None when there is no new speech.
 
-        ``style``: an initial prompt for this pass (audio.turn.TRANSCRIPT_PROMPT at a pause); ``final_beam``:
+        ``style``: an initial prompt for this pass (audio.end_of_turn.TRANSCRIPT_PROMPT at a pause); ``final_beam``:
         decode with ``stt.beam_size`` (a pass at a pause becomes the final when the turn ends there), else
         ``stt.partial_beam_size``; ``min_new_s``: skip the pass with less new audio than this."""
         new_s = (len(self._audio) - max(self._decoded_len, 0)) / SPEECH_RATE

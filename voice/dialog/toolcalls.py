@@ -3,7 +3,7 @@
 When a client declares tools (the Realtime API's ``session.tools``), the chat template shows them to the model,
 and a model trained for it (Qwen2.5, the embedded target) answers a request that needs one with a call in this
 form, the Hermes convention most open chat templates use. The call is never spoken: ``ToolCallParser`` cuts it
-out of the token stream, like the home-action markers (voice/actions.py), holding back only the characters that
+out of the token stream, like the home-action markers (voice/dialog/actions.py), holding back only the characters that
 might still turn out to be its opening tag. The turn reports each call (``ToolCallRequested``); the client runs
 the function and sends its output back as a conversation item, and the next response continues from there.
 The reply's raw text, tags included, is what the history keeps, so the next prompt shows the model its own call.

@@ -33,11 +33,11 @@ def remote_backends(config: Config) -> RemoteBackends:
     stt: SpeechRecognizer | None = None
     tts: SpeechSynthesizer | None = None
     if config.stt.backend == "wyoming":
-        from voice.remote_speech import RemoteSpeechToText
+        from voice.remote.speech import RemoteSpeechToText
 
         stt = RemoteSpeechToText(config.stt)
     if config.tts.backend == "wyoming":
-        from voice.remote_speech import RemoteTextToSpeech
+        from voice.remote.speech import RemoteTextToSpeech
 
         tts = RemoteTextToSpeech(config.tts)
     return RemoteBackends(engine, stt, tts)

@@ -29,7 +29,7 @@ conversation; an ask without one starts afresh, so no asker reads another's hist
 Why a persistent session (``clean_session=False``, a client id per host): the broker keeps our subscriptions
 and queues QoS 1 commands while we are away, so none is lost. Retained messages on command topics are ignored:
 the broker would replay them at every reconnect (yesterday's ``say`` spoken again). Our own messages wait in a
-bounded outbox (voice/transports/mqtt_outbox.py) and leave it once the broker acknowledged them; a message over
+bounded outbox (voice/transports/mqtt/outbox.py) and leave it once the broker acknowledged them; a message over
 the broker's packet size (``mqtt.max_packet_bytes``, or one that made the broker drop us twice) is skipped.
 """
 
@@ -45,15 +45,15 @@ from typing import Any
 
 import aiomqtt
 
-from voice.actions import check_allowed
 from voice.config import Config
+from voice.dialog.actions import check_allowed
 from voice.events import ActionRequested, Event, State, StateChanged, TranscriptFinal, TurnDone, TurnError
 from voice.tasks import cancel_and_wait, start
 from voice.transports.common import package_version
-from voice.transports.mqtt_commands import CommandRunner
-from voice.transports.mqtt_discovery import discovery_messages
-from voice.transports.mqtt_outbox import Outbox, QuietLog, TokenBucket
-from voice.transports.mqtt_payloads import (
+from voice.transports.mqtt.commands import CommandRunner
+from voice.transports.mqtt.discovery import discovery_messages
+from voice.transports.mqtt.outbox import Outbox, QuietLog, TokenBucket
+from voice.transports.mqtt.payloads import (
     Command,
     Outgoing,
     PayloadError,

@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from voice.transports.realtime_items import Entry, Items
-from voice.transports.realtime_wire import AudioOut, WireFormat, new_id
+from voice.transports.realtime.items import Entry, Items
+from voice.transports.realtime.wire import AudioOut, WireFormat, new_id
 
 LATENCY_KEY = "specvoice_latency"  # response.metadata key of the latency trace (JSON text)
 

@@ -17,8 +17,8 @@ from typing import Any
 from audio.frames import SPEECH_RATE
 from voice.logs import RateLimitedLog
 from voice.tasks import Tasks
-from voice.transports.realtime_items import Entry, Items
-from voice.transports.realtime_wire import AudioIn, ClientError, WireFormat, new_id
+from voice.transports.realtime.items import Entry, Items
+from voice.transports.realtime.wire import AudioIn, ClientError, WireFormat, new_id
 
 MAX_TRANSCRIPTIONS = 4  # committed buffers (manual turns) being transcribed at once, per connection
 MIN_COMMIT_MS = 100  # a commit needs at least this much audio (as with OpenAI's)

@@ -1,5 +1,5 @@
 """What every turn of a session works with (``TurnContext``), and a reply started before the turn ended
-(``EarlyReply``): the session builds them, a ``Turn`` (voice/turn.py) uses them."""
+(``EarlyReply``): the session builds them, a ``Turn`` (voice/dialog/turn.py) uses them."""
 
 from __future__ import annotations
 
@@ -8,11 +8,11 @@ from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from voice.chunker import Chunker
 from voice.config import TTSConfig
 from voice.events import Event, State
 from voice.latency import LatencyStats
 from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
+from voice.speaking.chunker import Chunker
 from voice.tasks import cancel_and_wait, start
 
 if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it

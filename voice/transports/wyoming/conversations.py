@@ -19,8 +19,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
+from voice.dialog.session import Session
 from voice.events import ReplyTextDelta, TurnError
-from voice.session import Session
 from voice.tasks import cancel_and_wait, start
 
 

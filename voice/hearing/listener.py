@@ -8,7 +8,7 @@ except the background work in flight (a Whisper pass in the STT worker, a Smart 
 what it produces comes out of the next ``accept_chunk`` (or ``finish``).
 
 Three ways a turn ends (speech shorter than ``vad.min_speech_ms``, a cough, never starts one):
-- ``turn.engine = "smart"`` (the default): the semantic end of turn (voice/endpointing.py). After
+- ``turn.engine = "smart"`` (the default): the semantic end of turn (voice/hearing/endpointing.py). After
   ``turn.min_silence_ms`` of silence Smart Turn judges from the audio whether the user has finished; "complete"
   ends the turn as soon as the pause's transcript agrees (it does not trail off), else it ends after
   ``turn.max_silence_ms`` of silence;
@@ -34,11 +34,11 @@ from typing import Any
 
 import numpy as np
 
+from audio.end_of_turn import TRANSCRIPT_PROMPT, TurnAction
 from audio.frames import SPEECH_RATE, AudioChunk
-from audio.turn import TRANSCRIPT_PROMPT, TurnAction
 from audio.vad import Vad, VadEvent
-from voice.endpointing import SemanticEnd, TurnModel, turn_settings
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
+from voice.hearing.endpointing import SemanticEnd, TurnModel, turn_settings
 from voice.ports import SpeechRecognizer, Transcription
 from voice.tasks import start
 

@@ -41,15 +41,15 @@ from wyoming.handle import Handled, HandledChunk, HandledStart, HandledStop, Not
 from wyoming.server import AsyncEventHandler
 from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, SynthesizeStop, SynthesizeStopped
 
-from voice.chunker import Chunker
 from voice.config import ConfigError
+from voice.dialog.session import Session
 from voice.logs import ClientWarnings
-from voice.session import Session
+from voice.speaking.chunker import Chunker
 from voice.transports.common import Shared, is_loopback
-from voice.transports.wyoming_asr import AsrStream
-from voice.transports.wyoming_conversations import Conversations, ConversationsFull, Routed
-from voice.transports.wyoming_info import describe
-from voice.transports.wyoming_io import EventReader, ProtocolProblem, Refused, WyomingSink, conversation_id, text_field
+from voice.transports.wyoming.asr import AsrStream
+from voice.transports.wyoming.conversations import Conversations, ConversationsFull, Routed
+from voice.transports.wyoming.info import describe
+from voice.transports.wyoming.io import EventReader, ProtocolProblem, Refused, WyomingSink, conversation_id, text_field
 
 log = logging.getLogger("specvoice.wyoming")
 

@@ -20,14 +20,14 @@ from typing import Any
 
 from voice.events import Event, ReplyAudio, TurnDone
 from voice.tasks import Tasks, start
-from voice.transports.mqtt_payloads import Command
+from voice.transports.mqtt.payloads import Command
 
 log = logging.getLogger("specvoice.mqtt")
 
 
 class CommandRunner:
     def __init__(self, bridge: Any) -> None:
-        self.bridge = bridge  # voice.transports.mqtt.MqttBridge: config, assistant, sink, _send, _error, topics
+        self.bridge = bridge  # voice.transports.mqtt.bridge.MqttBridge: config, assistant, sink, _send, _error, topics
         self.cfg = bridge.cfg
         self.queue: asyncio.Queue[Command] = asyncio.Queue(maxsize=self.cfg.max_queued_commands)
         self.speaker: Any = None  # the bridge's own session

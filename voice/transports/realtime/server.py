@@ -36,7 +36,7 @@ from voice.health import HEALTH_PATH, health_response
 from voice.logs import ClientWarnings
 from voice.metrics import CONTENT_TYPE
 from voice.transports.common import Shared
-from voice.transports.realtime import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
+from voice.transports.realtime.connection import CLOSE_POLICY, CLOSE_TRY_AGAIN, RealtimeConnection
 from voice.web import page_file
 
 log = logging.getLogger("specvoice.realtime")

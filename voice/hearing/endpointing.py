@@ -1,7 +1,7 @@
 """The semantic end of turn inside the Listener: Smart Turn on its own thread, the pause's transcript from the
-STT pass at the pause, and ``audio.turn.EndOfTurnPolicy`` deciding from both.
+STT pass at the pause, and ``audio.end_of_turn.EndOfTurnPolicy`` deciding from both.
 
-``audio.turn`` has the pieces (the model, the pure policy); this module runs them against a live stream
+``audio.end_of_turn`` has the pieces (the model, the pure policy); this module runs them against a live stream
 without blocking it. Per 20 ms block the Listener calls ``observe`` with the VAD's verdict; when the policy
 asks (after ``turn.min_silence_ms`` of silence), Smart Turn runs on the last 8 s of the turn in the turn
 worker, while the Whisper pass that started at the pause runs in the STT worker. The answers surface at the
@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
+from audio.end_of_turn import WINDOW_S, EndOfTurnPolicy, SmartTurn, TurnAction, TurnSettings, TurnStep
 from audio.frames import SPEECH_RATE
-from audio.turn import WINDOW_S, EndOfTurnPolicy, SmartTurn, TurnAction, TurnSettings, TurnStep
 from voice.tasks import start
 
 log = logging.getLogger("specvoice.endpointing")

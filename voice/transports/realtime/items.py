@@ -4,7 +4,7 @@ A client builds and edits the conversation with items (``conversation.item.creat
 ``.retrieve``): user, assistant and system messages, function calls and their outputs. Each item that the model
 should read is one message in ``Conversation.messages`` (llm/engine.py), bound to its item by identity, so a
 deletion removes exactly that message and the next prompt is rebuilt from what is left (the KV caches keep the
-common prefix). Replies and spoken user turns are written into the history by the Turn (voice/turn.py); the
+common prefix). Replies and spoken user turns are written into the history by the Turn (voice/dialog/turn.py); the
 items of that turn are bound to the new messages afterwards (``adopt``).
 
 Edits wait while a turn is running: the turn commits its exchange over the history it started from, so an edit
@@ -21,8 +21,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from voice.transports.realtime_events import Item
-from voice.transports.realtime_wire import ClientError
+from voice.transports.realtime.events import Item
+from voice.transports.realtime.wire import ClientError
 
 
 @dataclass

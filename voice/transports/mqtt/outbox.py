@@ -15,7 +15,7 @@ import logging
 import time
 from collections import deque
 
-from voice.transports.mqtt_payloads import Outgoing, Priority
+from voice.transports.mqtt.payloads import Outgoing, Priority
 
 
 class Outbox:

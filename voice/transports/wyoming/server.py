@@ -13,7 +13,7 @@ from wyoming.server import AsyncTcpServer
 
 from voice.config import ConfigError
 from voice.transports.common import Shared, is_loopback
-from voice.transports.wyoming import Gate, WyomingHandler
+from voice.transports.wyoming.handler import Gate, WyomingHandler
 
 
 class WyomingServer:

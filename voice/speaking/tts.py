@@ -1,7 +1,7 @@
 """Incremental text-to-speech with piper: one text fragment in, int16 PCM chunks out as an async stream.
 
 Piper synthesizes a sentence at a time and cannot stop in the middle of one, so the caller keeps fragments
-short (voice.chunker) and cancellation happens between piper's sentence chunks: closing or cancelling the
+short (voice.speaking.chunker) and cancellation happens between piper's sentence chunks: closing or cancelling the
 stream sets a flag the worker thread checks before it starts the next one.
 """
 

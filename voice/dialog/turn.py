@@ -18,14 +18,14 @@ from collections.abc import Sequence
 
 from audio.resample import resample
 from voice import tasks
-from voice.actions import ActionParser
+from voice.dialog.actions import ActionParser
+from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
+from voice.dialog.toolcalls import ToolCallParser, call_message
+from voice.dialog.turn_context import EarlyReply, Pieces, TurnContext, close_reply
 from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
+from voice.hearing.listener import Utterance
 from voice.latency import LatencyTrace
-from voice.listener import Utterance
 from voice.ports import AudioSink
-from voice.reply import ReplyOutcome, SpokenFragment, StageError
-from voice.toolcalls import ToolCallParser, call_message
-from voice.turn_context import EarlyReply, Pieces, TurnContext, close_reply
 
 log = logging.getLogger("specvoice.turn")
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from voice.transports.realtime_events import FunctionTool, ResponseParams, SessionParams
-from voice.transports.realtime_wire import WireFormat
+from voice.transports.realtime.events import FunctionTool, ResponseParams, SessionParams
+from voice.transports.realtime.wire import WireFormat
 
 
 @dataclass

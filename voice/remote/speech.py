@@ -2,8 +2,8 @@
 the user's speech to an asr server and the reply's sentences to a tts server (another ``specvoice serve``, or
 Home Assistant's wyoming-faster-whisper / wyoming-piper).
 
-The two classes stand where ``voice.stt.SpeechToText`` and ``voice.tts.TextToSpeech`` stand, so the Listener and
-the Turn do not know the difference:
+The two classes stand where ``voice.hearing.stt.SpeechToText`` and ``voice.speaking.tts.TextToSpeech`` stand, so
+the Listener and the Turn do not know the difference:
 
 - ``RemoteSpeechToText.stream()`` opens one connection per utterance when speech starts and streams the audio as
   it arrives (``transcribe``, ``audio-start``, ``audio-chunk``...); ``partial()`` reports the words the server has

@@ -24,8 +24,9 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from voice.actions import action_instructions
 from voice.config import Config
+from voice.dialog.actions import action_instructions
+from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
     Event,
     EventHandler,
@@ -38,11 +39,10 @@ from voice.events import (
     TranscriptPartial,
     TurnDone,
 )
+from voice.hearing.listener import Listener, ListenEvent, Utterance, UtteranceEnded
 from voice.latency import LatencyStats, LatencyTrace
-from voice.listener import Listener, ListenEvent, Utterance, UtteranceEnded
 from voice.ports import AudioSink, ChatEngine, SpeechSynthesizer, Tool
 from voice.tasks import Job, cancel_and_wait
-from voice.turn import EarlyReply, Turn, TurnContext
 
 if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
     from llm.settings import DecodeSettings
@@ -59,7 +59,7 @@ class Host(Protocol):
     stats: LatencyStats
 
     @property
-    def generation_turn(self) -> asyncio.Lock: ...
+    def generation_lock(self) -> asyncio.Lock: ...
     def listener(self, *, endpointing: bool = True) -> Listener: ...
     def decode_settings(self, **overrides: object) -> DecodeSettings: ...
     def broadcast(self, session_id: str, event: Event) -> None: ...
@@ -101,7 +101,7 @@ class Session:
             sink=sink,
             emit=self.emit,
             set_state=self._set_state,
-            generation_lock=assistant.generation_turn,
+            generation_lock=assistant.generation_lock,
             stats=assistant.stats,
             turn_timeout_s=cfg.dialog.turn_timeout_s,
             stt_timeout_s=cfg.dialog.stt_timeout_s,

@@ -18,8 +18,8 @@ from wyoming.event import Event
 
 from audio.frames import SPEECH_RATE
 from voice.events import TranscriptPartial
-from voice.listener import Listener
-from voice.transports.wyoming_io import Refused
+from voice.hearing.listener import Listener
+from voice.transports.wyoming.io import Refused
 
 
 class AsrStream:

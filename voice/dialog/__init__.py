@@ -1,0 +1,1 @@
+"""The dialog: a session, its turns (a reply to one request), home actions and tool calls."""

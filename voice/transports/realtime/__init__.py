@@ -1,0 +1,1 @@
+"""The OpenAI Realtime API over websockets: wire, events, sessions, items, the server."""

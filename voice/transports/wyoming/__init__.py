@@ -1,0 +1,1 @@
+"""Home Assistant's Wyoming protocol: asr, tts and handle services over TCP."""
