@@ -17,7 +17,8 @@ The draft's own probability c_i of its token says which is which. After i drafte
 all i are accepted) is estimated as the product of kappa * c_j, kappa a live calibration (accepted tokens /
 the confidence they were drafted with). Stopping now yields E_i = 1 + P_1 + ... + P_i tokens in T_i = i t_d +
 t_v(i+1); one more step adds about P_i * alpha tokens for t_d more. Draft on while that raises the rate:
-P_i * alpha * T_i > E_i * t_d, up to max_k (8). Every quantity is measured on this device, as for adaptive k.
+P_i * alpha * T_i > E_i * t_d, up to max_k (llm.max_draft_length). Every quantity is measured on this device,
+as for adaptive k.
 
 Token trees (width > 1): k is the chain depth, the pass verifies k + siblings nodes (``tree_shape``) at the
 cost t_v(nodes + 1), and a depth i < k with siblings adds alpha^i * (1 - alpha) * beta tokens, beta being the
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from llm.settings import DecodeSettings
 from llm.tree import tree_shape
 
 OPTIMISTIC_ALPHA = 0.9  # the acceptance a length is tried at before exploring it (see choose)
@@ -51,12 +53,12 @@ class DraftLengthPolicy:
     def __init__(
         self,
         fixed: int | None = None,
-        max_k: int = 6,
+        max_k: int = DecodeSettings.max_draft_length,
         prior_alpha: float = 0.7,
         prior_c: float = 0.4,
         decay: float = 0.95,
         width: int = 1,
-        max_nodes: int = 8,
+        max_nodes: int = DecodeSettings.tree_nodes,
         prior_beta: float = 0.3,
         confidence: bool = False,
         threshold: float | None = None,

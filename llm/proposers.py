@@ -16,6 +16,7 @@ import torch
 
 from llm.cache import CachedLM
 from llm.sampling import SamplingParams, draw
+from llm.settings import DecodeSettings
 from llm.tree import token_tree, tree_shape
 
 # called after each drafted token with the draft's confidences so far; False stops drafting
@@ -66,7 +67,7 @@ class DraftModelProposer:
     interrupted between chunks like the target's prefill.
     """
 
-    def __init__(self, lm: CachedLM, width: int = 1, max_nodes: int = 8):
+    def __init__(self, lm: CachedLM, width: int = 1, max_nodes: int = DecodeSettings.tree_nodes):
         self.lm, self.width, self.max_nodes = lm, width, max_nodes
 
     def catch_up(self, seq: list[int], chunk: int) -> bool:
@@ -124,7 +125,7 @@ class NgramProposer:
     (it searches the whole sequence: every kept turn, the system prompt, and the reply so far).
     """
 
-    def __init__(self, max_n: int = 3, min_n: int = 1):
+    def __init__(self, max_n: int = DecodeSettings.ngram_max, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
 
     def catch_up(self, seq: list[int], chunk: int) -> bool:

@@ -21,6 +21,7 @@ from llm.cache import CachedLM, TorchCachedLM
 from llm.policy import DraftLengthPolicy, DraftStep
 from llm.proposers import Proposal, Proposer
 from llm.sampling import SamplingParams, draw
+from llm.settings import DecodeStats
 from llm.tree import keep_path, tree_logits
 
 
@@ -92,7 +93,6 @@ class Generation:
         drafts = proposal.tokens[:k]
         siblings = proposal.siblings[: len(drafts)]
         start = time.perf_counter()
-        sibling_hit = None
         if any(siblings):  # a token tree: one pass over all nodes, then keep the accepted path's cache only
             if not isinstance(self.target, TorchCachedLM):
                 raise NotImplementedError("token trees run on the torch engine only; fix: set llm.tree = false")
@@ -110,6 +110,7 @@ class Generation:
             fed = len(drafts) + 1
         accepted = len(path)
         chain_accepted = sum(1 for j in path if j < len(drafts))  # a sibling is the node after the chain's part
+        sibling_hit = None  # None unless a chain token with siblings was rejected: then, was a sibling accepted
         if chain_accepted < len(siblings) and siblings[chain_accepted]:
             sibling_hit = accepted > chain_accepted
         if self.proposer is not None:
@@ -144,3 +145,35 @@ class Generation:
             self.first_token_t = now
         self.records.append(StepRecord(drafted, min(accepted, len(committed)), committed, now, fed - 1))
         return committed
+
+    def stats(self, mode: str, start: float, prefill_tokens: int) -> DecodeStats:
+        """This reply's numbers; start: time.monotonic() at the request."""
+        steps = self.records[1:]  # the first record is the first token, from the prefill
+        drafted = sum(r.drafted for r in steps)
+        accepted = sum(r.accepted for r in steps)
+        rejections = sum(1 for r in steps if r.accepted < r.drafted)
+        times = [r.t for r in self.records for _ in r.committed]
+        end = times[-1] if times else start
+        n = len(self.new_tokens)
+        first = self.first_token_t
+        return DecodeStats(
+            mode=mode,
+            prompt_tokens=len(self.prompt),
+            prefill_tokens=prefill_tokens,
+            new_tokens=n,
+            target_calls=self.target_calls,
+            drafted=drafted,
+            accepted=accepted,
+            accepted_per_drafted=accepted / drafted if drafted else 0.0,
+            alpha_estimate=accepted / (accepted + rejections) if accepted + rejections else 0.0,
+            mean_accepted_length=(n - len(self.records[0].committed)) / len(steps) if steps else 0.0,
+            tokens_per_s=n / (end - start) if end > start else 0.0,
+            decode_tokens_per_s=(n - len(self.records[0].committed)) / (end - first)
+            if first is not None and end > first
+            else 0.0,
+            ttft_s=(first - start) if first is not None else 0.0,
+            total_s=end - start,
+            draft_lengths=[r.drafted for r in steps],
+            accepted_lengths=[r.accepted for r in steps],
+            token_times=times,
+        )
