@@ -42,6 +42,7 @@ from llm.engine import DecodeSettings, Engine
 from llm.load import load_engine
 from llm.models import load_causal_lm
 from llm.prompts import SYSTEM
+from llm.settings import LoadSettings
 from llm.vocab import coverage
 
 PROMPTS = [
@@ -127,7 +128,7 @@ def _parser(settings: dict[str, Any]) -> argparse.ArgumentParser:
     p.add_argument(
         "--tree-widths",
         type=_positive_ints,
-        default=str(settings.get("tree_width", 2)),
+        default=str(DecodeSettings.from_config(settings).tree_width),
         help="candidates per depth for our token-tree decoder (default: llm.tree_width)",
     )
     p.add_argument(
@@ -163,8 +164,8 @@ def _parser(settings: dict[str, Any]) -> argparse.ArgumentParser:
 
 
 def _methods(args, engine: Engine, hf_draft, settings: dict[str, Any]) -> list[tuple[str, Any]]:
-    n, max_k = args.max_new_tokens, int(settings.get("max_draft_length", 6))
-    llama = settings.get("engine") == "llama.cpp"
+    n, max_k = args.max_new_tokens, DecodeSettings.from_config(settings).max_draft_length
+    llama = LoadSettings.from_config(settings).engine_kind == "llama.cpp"
     methods: list[tuple[str, Any]] = [(BASE, DecodeSettings(mode="target", max_new_tokens=n))]
     methods.append((DEFAULT, DecodeSettings.from_config(settings).but(max_new_tokens=n)))
     if llama:
@@ -270,16 +271,15 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
         )
     load_before = list(os.getloadavg())
     started = time.time()
-    settings = {**settings, "mode": settings.get("mode", "draft") if draft else "ngram"}
+    load = LoadSettings.from_config(settings)
+    settings = {**settings, "mode": load.mode if draft else "ngram"}
     engine = load_engine(target, draft, settings, keep_draft=True)  # the fixed-k draft methods run too
     calibration = engine.info.get("calibration")
     if calibration:
         print(f"calibration on this device: {json.dumps(calibration)}")
     hf_draft = None
-    if draft and not args.no_hf and settings.get("engine") != "llama.cpp":
-        hf_draft, _ = load_causal_lm(
-            draft, device=settings.get("device", "cpu"), dtype=settings.get("dtype", "bfloat16")
-        )
+    if draft and not args.no_hf and load.engine_kind != "llama.cpp":
+        hf_draft, _ = load_causal_lm(draft, device=load.device, dtype=load.dtype)
     conv = engine.conversation(SYSTEM)
     prompts = [conv.prompt_ids(conv.messages + [{"role": "user", "content": text}]) for text in PROMPTS[: args.prompts]]
     methods = _methods(args, engine, hf_draft, settings)
@@ -447,7 +447,7 @@ async def _two_turns(engine: Engine) -> list[dict[str, Any]]:
 
 
 def _policy_state(engine: Engine) -> dict[str, Any]:
-    policy = engine.policies["draft"]
+    policy = engine.policy_for(engine.settings.but(mode="draft"))
     return {
         "alpha": round(policy.alpha, 3),
         "kappa": round(policy.kappa, 3),

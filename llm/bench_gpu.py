@@ -31,8 +31,14 @@ from llm.prompts import SYSTEM
 
 
 def _engines(args) -> dict[str, Engine]:
-    eager = Engine.load(
-        args.target, args.draft, device=args.device, dtype="bfloat16", mode="draft", context_limit=args.static_cache
+    eager = Engine.load(  # the draft's own weights: the compile comparison is of bf16 kernels, not int4 ones
+        args.target,
+        args.draft,
+        device=args.device,
+        dtype="bfloat16",
+        mode="draft",
+        draft_quantize="none",
+        context_limit=args.static_cache,
     )
     compiled = Engine(
         eager.target_model,

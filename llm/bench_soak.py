@@ -23,6 +23,7 @@ from tqdm import tqdm
 from llm.engine import Engine
 from llm.load import load_engine
 from llm.prompts import COUNT_PROMPTS, HELD_OUT, SYSTEM
+from llm.settings import HISTORY_TOKENS, LoadSettings
 
 
 def percentile(values: list[float], q: float) -> float:
@@ -41,7 +42,7 @@ async def converse(
     turns: int,
     *,
     max_new_tokens: int = 28,
-    history_tokens: int = 1536,
+    history_tokens: int = HISTORY_TOKENS,
     trim_to: float = 0.5,
     warm: bool = True,
     progress: bool = True,
@@ -111,12 +112,12 @@ def run(
     settings: dict[str, Any],
     out: str,
     max_new_tokens: int = 28,
-    history_tokens: int = 1536,
+    history_tokens: int = HISTORY_TOKENS,
     trim_to: float = 0.5,
     warm: bool = True,
 ) -> int:
     started = time.time()
-    mode = settings.get("mode", "draft") if draft else "ngram"
+    mode = LoadSettings.from_config(settings).mode if draft else "ngram"
     engine = load_engine(target, draft, {**settings, "mode": mode})
     records = asyncio.run(
         converse(

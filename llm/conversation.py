@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 
 from llm.cache import CachedLM, common_prefix
 from llm.history import ChatHistory
-from llm.settings import DecodeSettings, DecodeStats, Emission
+from llm.settings import HISTORY_TOKENS, DecodeSettings, DecodeStats, Emission
 from llm.speculative import Generation
 
 T = TypeVar("T")
@@ -66,7 +66,7 @@ PLAN_AHEAD = 4  # exchanges before the budget is reached when the next trim's cu
 class Conversation(ChatHistory):
     """One chat with its own KV caches (target and draft), kept across turns."""
 
-    def __init__(self, engine: Engine, system_prompt: str, history_tokens: int = 1536, trim_to: float = 0.5):
+    def __init__(self, engine: Engine, system_prompt: str, history_tokens: int = HISTORY_TOKENS, trim_to: float = 0.5):
         if not 0 < trim_to <= 1:
             raise ValueError(f"trim_to must be in (0, 1], got {trim_to}")
         super().__init__(system_prompt)
@@ -198,7 +198,7 @@ class Conversation(ChatHistory):
                     yield Emission(piece, pending, gen.records[-1].t)
                     pending = []
             streamed = True  # a complete reply, even an empty one, is a turn that happened
-            self.last_stats = DecodeStats.from_generation(gen, settings.mode, start, len(prompt) - reused)
+            self.last_stats = gen.stats(settings.mode, start, len(prompt) - reused)
             log.info(self.last_stats.log_line(), extra={"llm_stats": self.last_stats.to_dict()})
         finally:
             # normal end, cancellation (barge-in) or a failure after streaming: history keeps what was streamed;

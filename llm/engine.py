@@ -1,7 +1,8 @@
 """The LLM engine the rest of the product uses: load a target (+ draft), hold conversations, stream replies.
 
 - ``Engine`` owns the models, one worker thread for all model compute (so steps of different conversations
-  are serialised and the event loop never blocks), and the draft-length policy (costs are per device).
+  are serialised and the event loop never blocks), and the learning draft-length policies, one per settings
+  (``policy_for``: costs are per device, so what one reply measured serves the next).
 - ``Conversation`` (conversation.py) owns one chat: its messages and its own KV caches for both models.
 - The config's llm section maps to load arguments in one place per engine (``from_config``; ``llm.load`` picks
   the engine: this torch one, or llama.cpp's in llamacpp_engine.py) and to decode settings in one place
@@ -16,7 +17,8 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any, Literal, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -32,7 +34,17 @@ from llm.models import (
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer, Proposer
 from llm.quant import quantize_cached, quantize_weights
-from llm.settings import DecodeSettings, DecodeStats, Emission, Mode
+from llm.settings import (
+    HISTORY_TOKENS,
+    Compile,
+    DecodeSettings,
+    DecodeStats,
+    DraftQuantize,
+    Emission,
+    LoadSettings,
+    Mode,
+    TargetQuantize,
+)
 from llm.speculative import Generation
 from llm.vocab import draft_head, head_key
 
@@ -44,14 +56,24 @@ __all__ = ["ContextLimitError", "DecodeSettings", "DecodeStats", "Emission", "En
 log = logging.getLogger("specvoice.llm")
 T = TypeVar("T")
 
-DraftQuantize = Literal["none", "int8", "int4"]
-TargetQuantize = Literal["none", "int4"]
-Compile = Literal["off", "draft", "both"]
+LOAD = LoadSettings()  # the load defaults (llm/settings.py owns them): every signature below reads them from here
 
 
 # per-token acceptance before any is measured: the embedded 0.5B draft's (bench llm: 0.66-0.70), and the n-gram
 # lookup's on conversational replies (bench llm: 0.32 at k=3); the policy learns the live value from there
 PRIOR_ALPHA = {"draft": 0.7, "ngram": 0.4}
+
+
+@dataclass(frozen=True)
+class PolicyKey:
+    """The settings that shape a learning draft-length policy (``Engine.policy_for``): one policy per value."""
+
+    mode: Mode  # the proposer kind: its acceptance and costs are its own
+    confidence: bool  # draft_length "confidence" (else "adaptive")
+    max_k: int
+    width: int  # a tree's candidates per depth (1: a chain)
+    max_nodes: int
+    threshold: float | None  # draft_confidence
 
 
 class ContextLimitError(ValueError):
@@ -67,13 +89,13 @@ class Engine:
         tokenizer,
         draft_model=None,
         *,
-        mode: Mode = "draft",
-        context_limit: int = 4096,
+        mode: Mode = LOAD.mode,
+        context_limit: int = LOAD.context_limit,
         draft_out_ids: torch.Tensor | None = None,
         settings: DecodeSettings | None = None,
-        compile: Compile = "off",
-        compile_mode: str = "default",
-        static_cache: int = 0,
+        compile: Compile = LOAD.compile,
+        compile_mode: str = LOAD.compile_mode,
+        static_cache: int = LOAD.static_cache,
     ):
         """compile: torch.compile the decode step of the draft, or of both models (measured no faster on a 2-core
         CPU: off there; for GPUs, with compile_mode "reduce-overhead" = CUDA graphs, which want static_cache,
@@ -101,11 +123,11 @@ class Engine:
         self.stop_ids = stop_ids
         self.lock = threading.Lock()  # held around every use of the models and of a conversation's caches
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="specvoice-llm")
-        # one policy per proposer kind, as their costs and acceptance differ; shared by all conversations
-        self.policies = {
-            m: DraftLengthPolicy(max_k=self.settings.max_draft_length, prior_alpha=PRIOR_ALPHA[m])
-            for m in ("draft", "ngram")
-        }
+        # the learning draft-length policies, one per settings that shape one (``policy_for``), made on first use
+        self.policies: dict[PolicyKey, DraftLengthPolicy] = {}
+        # costs measured at load (LlamaCppEngine.calibrate), per proposer kind: (verify_s, draft_s) a new policy
+        # starts from instead of its priors
+        self.measured_costs: dict[Mode, tuple[dict[int, float], float | None]] = {}
         self.info: dict[str, Any] = {}  # how the models were prepared (quantization, head), for benchmarks
         # what a "draft" request drafts with: the draft model, or (where it cannot pay) the n-gram lookup
         self.drafter: Mode = "draft"
@@ -116,19 +138,19 @@ class Engine:
         target: str,
         draft: str | None = None,
         *,
-        device: str = "cpu",
-        dtype: str = "bfloat16",
-        mode: Mode = "draft",
-        draft_quantize: DraftQuantize = "none",
-        draft_vocab: int | None = None,
-        threads: int | None = None,
-        context_limit: int = 4096,
+        device: str = LOAD.device,
+        dtype: str = LOAD.dtype,
+        mode: Mode = LOAD.mode,
+        draft_quantize: DraftQuantize = LOAD.draft_quantize,
+        draft_vocab: int | None = LOAD.draft_vocab,
+        threads: int | None = LOAD.threads,
+        context_limit: int = LOAD.context_limit,
         settings: DecodeSettings | None = None,
-        target_quantize: TargetQuantize = "none",
+        target_quantize: TargetQuantize = LOAD.target_quantize,
         token_counts: str | None = None,
-        compile: Compile = "off",
-        compile_mode: str = "default",
-        static_cache: int = 0,
+        compile: Compile = LOAD.compile,
+        compile_mode: str = LOAD.compile_mode,
+        static_cache: int = LOAD.static_cache,
     ) -> Engine:
         """Load the pair; refuse a draft whose tokenizer differs from the target's (IncompatibleDraftError).
 
@@ -180,25 +202,25 @@ class Engine:
     def from_config(cls, target: str, draft: str | None, llm: dict[str, Any], *, keep_draft: bool = False) -> Engine:
         """Load from the config's llm section (as a dict): the one place its keys become load arguments (for
         this engine; ``llm.load.load_engine`` picks the engine). keep_draft: see LlamaCppEngine.calibrate."""
-        mode = llm.get("mode", "draft")
+        load = LoadSettings.from_config(llm)
         return cls.load(
             target,
-            draft if mode == "draft" else None,
-            device=llm.get("device", "cpu"),
-            dtype=llm.get("dtype", "bfloat16"),
-            mode=mode,
-            draft_quantize=llm.get("draft_quantize", "none"),
-            draft_vocab=llm.get("draft_vocab"),
-            threads=llm.get("threads"),
-            context_limit=llm.get("context_limit", 4096),
-            target_quantize=llm.get("target_quantize", "none"),
-            compile=llm.get("compile", "off"),
-            compile_mode=llm.get("compile_mode", "default"),
-            static_cache=llm.get("static_cache", 0),
+            draft if load.mode == "draft" else None,
+            device=load.device,
+            dtype=load.dtype,
+            mode=load.mode,
+            draft_quantize=load.draft_quantize,
+            draft_vocab=load.draft_vocab,
+            threads=load.threads,
+            context_limit=load.context_limit,
+            target_quantize=load.target_quantize,
+            compile=load.compile,
+            compile_mode=load.compile_mode,
+            static_cache=load.static_cache,
             settings=DecodeSettings.from_config(llm),
         )
 
-    def conversation(self, system_prompt: str, history_tokens: int = 1536) -> Conversation:
+    def conversation(self, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> Conversation:
         from llm.conversation import Conversation
 
         return Conversation(self, system_prompt, history_tokens)
@@ -228,14 +250,37 @@ class Engine:
             )
         return target, draft
 
-    def _policy(self, settings: DecodeSettings) -> DraftLengthPolicy:
+    def policy_for(self, settings: DecodeSettings) -> DraftLengthPolicy:
+        """The draft-length policy a reply with these settings drafts by.
+
+        An adaptive or confidence policy learns (acceptance, the draft's calibration, the costs of this device)
+        and is kept: one per ``PolicyKey``, shared on purpose by every conversation decoding with those
+        settings, so each reply starts from what the earlier ones measured. Its settings are fixed when it is
+        made and never changed afterwards: a conversation with other settings (another length cap, a tree)
+        gets its own policy instead of retuning one that other conversations are drafting by mid-reply. The
+        learned statistics are the only state conversations share.
+
+        A fixed length learns nothing worth keeping, and a seeded run must be reproducible (it may not read
+        what other replies measured, nor the clock): those get a fresh policy per reply.
+        """
         mode, width, max_nodes = settings.mode, settings.width, settings.tree_nodes
         confidence = settings.draft_length == "confidence"
         if settings.draft_length in ("adaptive", "confidence") and mode != "target" and settings.seed is None:
-            policy = self.policies[mode]  # shared by chain and tree runs: the costs and alpha are the same
-            policy.max_k, policy.width, policy.max_nodes = settings.max_draft_length, width, max_nodes
-            policy.confidence, policy.threshold = confidence, settings.draft_confidence
-            return policy
+            key = PolicyKey(mode, confidence, settings.max_draft_length, width, max_nodes, settings.draft_confidence)
+            if key not in self.policies:
+                policy = DraftLengthPolicy(
+                    max_k=settings.max_draft_length,
+                    prior_alpha=PRIOR_ALPHA[mode],
+                    width=width,
+                    max_nodes=max_nodes,
+                    confidence=confidence,
+                    threshold=settings.draft_confidence,
+                )
+                if mode in self.measured_costs:
+                    verify_s, policy.draft_s = self.measured_costs[mode]
+                    policy.verify_s = dict(verify_s)
+                self.policies[key] = policy
+            return self.policies[key]
         if confidence:
             # a seeded run must be reproducible, and the cost rule reads the clock: stop at a fixed threshold
             return DraftLengthPolicy(
@@ -280,7 +325,7 @@ class Engine:
             settings.sampling,
             settings.max_new_tokens,
             self.stop_ids,
-            self._policy(settings),
+            self.policy_for(settings),
             generator,
             settings.prefill_chunk,
         )
@@ -310,7 +355,7 @@ class Engine:
             gen = self.generation(prompt, settings.but(max_new_tokens=limit), target, draft)
             while not gen.done:
                 gen.step()
-        return gen.new_tokens, DecodeStats.from_generation(gen, settings.mode, start, len(prompt) - reused)
+        return gen.new_tokens, gen.stats(settings.mode, start, len(prompt) - reused)
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T:
         """Run fn(*args) on the engine's worker thread, holding the model lock there."""

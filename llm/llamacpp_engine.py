@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from llm.cache import CachedLM
-from llm.engine import Engine
+from llm.engine import LOAD, Engine
 from llm.llamacpp import GgufModel, LlamaCppError, LlamaCppLM, gguf_file
 from llm.models import IncompatibleDraftError, ModelLoadError, check_compatible
-from llm.settings import DecodeSettings, Mode
+from llm.settings import DecodeSettings, LoadSettings, Mode
 
 log = logging.getLogger("specvoice.llm")
 
@@ -77,8 +77,8 @@ class LlamaCppEngine(Engine):
         tokenizer: Any,
         draft: GgufModel | None = None,
         *,
-        mode: Mode = "draft",
-        context_limit: int = 4096,
+        mode: Mode = LOAD.mode,
+        context_limit: int = LOAD.context_limit,
         settings: DecodeSettings | None = None,
     ):
         if mode == "draft" and draft is None:
@@ -102,13 +102,13 @@ class LlamaCppEngine(Engine):
     def from_config(
         cls, target: str, draft: str | None, llm: dict[str, Any], *, keep_draft: bool = False
     ) -> LlamaCppEngine:
-        mode = llm.get("mode", "draft")
+        load = LoadSettings.from_config(llm)
         return cls.load_gguf(
             target,
-            draft if mode == "draft" else None,
-            mode=mode,
-            threads=llm.get("threads"),
-            context_limit=llm.get("context_limit", 4096),
+            draft if load.mode == "draft" else None,
+            mode=load.mode,
+            threads=load.threads,
+            context_limit=load.context_limit,
             settings=DecodeSettings.from_config(llm),
             keep_draft=keep_draft,
         )
@@ -119,9 +119,9 @@ class LlamaCppEngine(Engine):
         target: str,
         draft: str | None = None,
         *,
-        mode: Mode = "draft",
-        threads: int | None = None,
-        context_limit: int = 4096,
+        mode: Mode = LOAD.mode,
+        threads: int | None = LOAD.threads,
+        context_limit: int = LOAD.context_limit,
         settings: DecodeSettings | None = None,
         calibrate: bool = True,
         keep_draft: bool = False,
@@ -171,16 +171,17 @@ class LlamaCppEngine(Engine):
         with self.lock:
             verify = {m: self._median_pass(target, prompt, extra[:m], repeats) for m in range(1, len(extra) + 1)}
             draft_s = self._median_pass(draft, prompt, extra[:1], repeats) if draft is not None else None
-        for name, policy in self.policies.items():
-            policy.verify_s = dict(verify)
-            policy.draft_s = draft_s if name == "draft" else 0.0  # a lookup in the conversation costs ~nothing
+        # a lookup in the conversation costs ~nothing to propose
+        self.measured_costs = {"draft": (verify, draft_s), "ngram": (verify, 0.0)}
+        for key, known in self.policies.items():  # policies made before: seeded like the ones made from now on
+            known.verify_s, known.draft_s = dict(verify), self.measured_costs[key.mode][1]
+        policy = self.policy_for(self.settings.but(mode="draft", draft_length="adaptive", seed=None))
         costs: dict[str, Any] = {
             "verify_ms": {m: round(1000 * s, 1) for m, s in verify.items()},
             "draft_step_ms": round(1000 * draft_s, 1) if draft_s is not None else None,
-            "prior_alpha": round(self.policies["draft"].alpha, 2),
+            "prior_alpha": round(policy.alpha, 2),
         }
         if draft_s is not None:
-            policy = self.policies["draft"]
             gains = {
                 k: policy.expected_rate(k) / policy.expected_rate(0) for k in range(self.settings.max_draft_length + 1)
             }

@@ -11,9 +11,10 @@ from typing import Any
 
 from llm.engine import Engine
 from llm.llamacpp_engine import LlamaCppEngine
+from llm.settings import LoadSettings
 
 
 def load_engine(target: str, draft: str | None, llm: dict[str, Any], *, keep_draft: bool = False) -> Engine:
     """The engine the llm section (as a dict) asks for, loaded. keep_draft: see LlamaCppEngine.calibrate."""
-    kind = LlamaCppEngine if llm.get("engine") == "llama.cpp" else Engine
+    kind = LlamaCppEngine if LoadSettings.from_config(llm).engine_kind == "llama.cpp" else Engine
     return kind.from_config(target, draft, llm, keep_draft=keep_draft)

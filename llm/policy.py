@@ -17,7 +17,8 @@ The draft's own probability c_i of its token says which is which. After i drafte
 all i are accepted) is estimated as the product of kappa * c_j, kappa a live calibration (accepted tokens /
 the confidence they were drafted with). Stopping now yields E_i = 1 + P_1 + ... + P_i tokens in T_i = i t_d +
 t_v(i+1); one more step adds about P_i * alpha tokens for t_d more. Draft on while that raises the rate:
-P_i * alpha * T_i > E_i * t_d, up to max_k (8). Every quantity is measured on this device, as for adaptive k.
+P_i * alpha * T_i > E_i * t_d, up to max_k (llm.max_draft_length). Every quantity is measured on this device,
+as for adaptive k.
 
 Token trees (width > 1): k is the chain depth, the pass verifies k + siblings nodes (``tree_shape``) at the
 cost t_v(nodes + 1), and a depth i < k with siblings adds alpha^i * (1 - alpha) * beta tokens, beta being the
@@ -26,21 +27,38 @@ live rate at which a sibling was accepted where its chain token was rejected (de
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
+from llm.settings import DecodeSettings
 from llm.tree import tree_shape
 
 OPTIMISTIC_ALPHA = 0.9  # the acceptance a length is tried at before exploring it (see choose)
+
+
+@dataclass(frozen=True)
+class DraftStep:
+    """One draft-and-verify step, as the policy learns from it: what was drafted and kept, and what it cost."""
+
+    drafted: int  # chain tokens proposed (a tree's depth)
+    accepted: int  # chain tokens the target accepted (a sibling accepted in a chain token's place is not one)
+    draft_s: float  # seconds of the timed draft steps (a catch-up prefill is not one)
+    draft_steps: int  # how many draft steps draft_s covers
+    verify_s: float  # seconds of the target's verifying pass
+    fed: int  # tokens that pass fed: drafted, a tree's siblings, and the last committed token
+    sibling_hit: bool | None = None  # None unless a chain token with siblings was rejected: then, was one accepted
+    confidence: tuple[float, ...] = ()  # the draft's confidence in each drafted token
 
 
 class DraftLengthPolicy:
     def __init__(
         self,
         fixed: int | None = None,
-        max_k: int = 6,
+        max_k: int = DecodeSettings.max_draft_length,
         prior_alpha: float = 0.7,
         prior_c: float = 0.4,
         decay: float = 0.95,
         width: int = 1,
-        max_nodes: int = 8,
+        max_nodes: int = DecodeSettings.tree_nodes,
         prior_beta: float = 0.3,
         confidence: bool = False,
         threshold: float | None = None,
@@ -125,31 +143,21 @@ class DraftLengthPolicy:
         spent = i * t_d + self._verify_cost(i + 1)
         return all_ok * self.alpha * spent > expected * t_d
 
-    def update(
-        self,
-        drafted: int,
-        accepted: int,
-        draft_s: float,
-        draft_steps: int,
-        verify_s: float,
-        fed: int,
-        sibling_hit: bool | None = None,
-        confidence: list[float] | None = None,
-    ) -> None:
-        """drafted / accepted: chain tokens; sibling_hit: None unless a chain token with siblings was rejected;
-        confidence: the draft's confidence in each drafted token."""
-        if drafted > 0:
-            self.accepted = self.accepted * self.decay + accepted
-            self.rejected = self.rejected * self.decay + (1 if accepted < drafted else 0)
-        if confidence:
-            verified = confidence[: min(accepted + 1, drafted)]  # tokens that were reached by verification
-            self.calib_hits = self.calib_hits * self.decay + min(accepted, drafted)
+    def update(self, step: DraftStep) -> None:
+        """Learn from one step: acceptance (alpha), the confidence calibration (kappa), the sibling rate (beta),
+        and the measured draft and verify costs."""
+        if step.drafted > 0:
+            self.accepted = self.accepted * self.decay + step.accepted
+            self.rejected = self.rejected * self.decay + (1 if step.accepted < step.drafted else 0)
+        if step.confidence:
+            verified = step.confidence[: min(step.accepted + 1, step.drafted)]  # tokens verification reached
+            self.calib_hits = self.calib_hits * self.decay + min(step.accepted, step.drafted)
             self.calib_conf = self.calib_conf * self.decay + sum(verified)
-        if sibling_hit is not None:
-            self.sibling_hits = self.sibling_hits * self.decay + sibling_hit
+        if step.sibling_hit is not None:
+            self.sibling_hits = self.sibling_hits * self.decay + step.sibling_hit
             self.sibling_tries = self.sibling_tries * self.decay + 1
-        if draft_steps > 0:
-            per_step = draft_s / draft_steps
+        if step.draft_steps > 0:
+            per_step = step.draft_s / step.draft_steps
             self.draft_s = per_step if self.draft_s is None else 0.8 * self.draft_s + 0.2 * per_step
-        old = self.verify_s.get(fed)
-        self.verify_s[fed] = verify_s if old is None else 0.8 * old + 0.2 * verify_s
+        old = self.verify_s.get(step.fed)
+        self.verify_s[step.fed] = step.verify_s if old is None else 0.8 * old + 0.2 * step.verify_s

@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 from llm.models import load_causal_lm, reduce_vocab_head
+from llm.settings import LoadSettings
 from llm.vocab import build_counts, draft_head, head_key
 
 
@@ -15,19 +16,20 @@ def prepare_llm(target: str, draft: str | None, llm: dict[str, Any], force: bool
     from llm.engine import _quantize
 
     lines = []
-    drafting = llm.get("mode", "draft") == "draft" and bool(draft)
-    if drafting and llm.get("draft_vocab"):
+    load = LoadSettings.from_config(llm)
+    drafting = load.mode == "draft" and bool(draft)
+    if drafting and load.draft_vocab:
         path = build_counts(target, force=force)
         lines.append(f"token counts for the draft's head: {path}")
-    if llm.get("target_quantize", "none") == "int4":
+    if load.target_quantize == "int4":
         model, _ = load_causal_lm(target)
         lines.append(f"int4 target layers: {_quantize(model, target, 4, off_grid_bits=8)}")
         del model
-    if drafting and draft and llm.get("draft_quantize") == "int4":
+    if drafting and draft and load.draft_quantize == "int4":
         model, tokenizer = load_causal_lm(draft)
         ids = None
-        if llm.get("draft_vocab"):
-            ids, _ = draft_head(tokenizer, target, llm["draft_vocab"])
+        if load.draft_vocab:
+            ids, _ = draft_head(tokenizer, target, load.draft_vocab)
             reduce_vocab_head(model, ids)
         lines.append(f"int4 draft layers: {_quantize(model, draft, 4, variant=head_key(ids))}")
     return lines

@@ -15,7 +15,8 @@ from typing import Protocol
 import torch
 
 from llm.cache import CachedLM
-from llm.sampling import draw
+from llm.sampling import SamplingParams, draw
+from llm.settings import DecodeSettings
 from llm.tree import token_tree, tree_shape
 
 # called after each drafted token with the draft's confidences so far; False stops drafting
@@ -36,15 +37,25 @@ class Proposal:
 
 
 class Proposer(Protocol):
+    """What the decoding loop asks of a source of draft tokens; every proposer has all of it.
+
+    ``propose``: up to k tokens after seq, calling ``keep_drafting`` after each with the confidences so far
+    (the policy's confidence stop; a proposer with no confidence to report may ignore it). ``catch_up``: feed
+    one chunk of what the proposer has not seen yet (a new turn), True while there was some; a proposer that
+    keeps no state of its own has nothing to feed and returns False.
+    """
+
     def propose(
         self,
         seq: list[int],
         k: int,
-        params,
+        params: SamplingParams,
         generator: torch.Generator | None,
         stop_ids: set[int],
-        keep_drafting: KeepDrafting | None = None,
+        keep_drafting: KeepDrafting,
     ) -> Proposal: ...
+
+    def catch_up(self, seq: list[int], chunk: int) -> bool: ...
 
 
 class DraftModelProposer:
@@ -56,7 +67,7 @@ class DraftModelProposer:
     interrupted between chunks like the target's prefill.
     """
 
-    def __init__(self, lm: CachedLM, width: int = 1, max_nodes: int = 8):
+    def __init__(self, lm: CachedLM, width: int = 1, max_nodes: int = DecodeSettings.tree_nodes):
         self.lm, self.width, self.max_nodes = lm, width, max_nodes
 
     def catch_up(self, seq: list[int], chunk: int) -> bool:
@@ -67,7 +78,15 @@ class DraftModelProposer:
         self.lm.prefill(seq, held + chunk)
         return True
 
-    def propose(self, seq, k, params, generator, stop_ids, keep_drafting=None):
+    def propose(
+        self,
+        seq: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop_ids: set[int],
+        keep_drafting: KeepDrafting,
+    ) -> Proposal:
         tokens: list[int] = []
         qs: list[torch.Tensor] = []
         siblings: list[list[int]] = []
@@ -93,7 +112,7 @@ class DraftModelProposer:
                 timed += 1
             siblings.append([t for t in ranked if t != token][: shape[step]])  # one list per chain token
             tokens.append(token)
-            if token in stop_ids or (keep_drafting is not None and not keep_drafting(confidence)):
+            if token in stop_ids or not keep_drafting(confidence):
                 break
         q_all = torch.stack(qs) if qs else None  # greedy: one-hot, which verify knows without a tensor
         return Proposal(tokens, q_all, seconds, timed, siblings, confidence)
@@ -106,10 +125,21 @@ class NgramProposer:
     (it searches the whole sequence: every kept turn, the system prompt, and the reply so far).
     """
 
-    def __init__(self, max_n: int = 3, min_n: int = 1):
+    def __init__(self, max_n: int = DecodeSettings.ngram_max, min_n: int = 1):
         self.max_n, self.min_n = max_n, min_n
 
-    def propose(self, seq, k, params, generator, stop_ids, keep_drafting=None):
+    def catch_up(self, seq: list[int], chunk: int) -> bool:
+        return False  # it reads seq afresh at every proposal: nothing to feed
+
+    def propose(
+        self,
+        seq: list[int],
+        k: int,
+        params: SamplingParams,
+        generator: torch.Generator | None,
+        stop_ids: set[int],
+        keep_drafting: KeepDrafting,
+    ) -> Proposal:
         start = time.perf_counter()
         for n in range(self.max_n, self.min_n - 1, -1):
             if len(seq) <= n:

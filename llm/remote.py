@@ -45,28 +45,12 @@ from llm.engine import DecodeSettings, DecodeStats, Emission
 from llm.history import ChatHistory
 from llm.remote_errors import RemoteLLMError, refused, retry_delay, unavailable
 from llm.remote_metrics import SpecScraper, default_metrics_url
+from llm.settings import HISTORY_TOKENS, RemoteSettings
 
 log = logging.getLogger("specvoice.llm.remote")
 
 CHARS_PER_TOKEN = 4.0  # history estimate without a tokenizer: English text in a BPE vocabulary of 32k-150k
 MESSAGE_OVERHEAD = 4  # tokens a chat template adds around each message (role markers, separators)
-
-
-@dataclass
-class RemoteSettings:
-    """Where the server is and how long to wait for it (the config's llm.* remote keys)."""
-
-    base_url: str
-    api_key: str | None = None
-    model: str | None = None  # None: the first model the server lists
-    connect_timeout_s: float = 3.0
-    first_token_timeout_s: float = 10.0  # request -> first token, retries included; also the longest token gap
-    retries: int = 2
-    metrics_url: str | None = None  # None: <base_url host>/metrics; "": do not scrape
-
-    def __post_init__(self) -> None:
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"llm.base_url {self.base_url!r} is not an http(s) URL; fix: e.g. http://gpu-box:8000/v1")
 
 
 @dataclass
@@ -111,7 +95,7 @@ class RemoteEngine:
         self._side_tasks: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
 
-    def conversation(self, system_prompt: str, history_tokens: int = 1536) -> RemoteConversation:
+    def conversation(self, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> RemoteConversation:
         return RemoteConversation(self, system_prompt, history_tokens)
 
     def client(self) -> AsyncOpenAI:
@@ -213,7 +197,7 @@ class RemoteEngine:
 class RemoteConversation(ChatHistory):
     """One chat whose history lives here and whose replies come from the server (no KV cache of ours)."""
 
-    def __init__(self, engine: RemoteEngine, system_prompt: str, history_tokens: int = 1536) -> None:
+    def __init__(self, engine: RemoteEngine, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> None:
         super().__init__(system_prompt)
         self.engine = engine
         self.history_tokens = history_tokens

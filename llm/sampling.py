@@ -7,6 +7,8 @@ the distribution is then one-hot on the argmax, which is exactly what a greedy d
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -46,3 +48,19 @@ def draw(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 
 def uniform(generator: torch.Generator | None) -> float:
     return float(torch.rand((), generator=generator))
+
+
+@dataclass
+class SamplingParams:
+    """How a token is drawn from the logits, for the target and the draft alike."""
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+
+    @property
+    def greedy(self) -> bool:
+        return is_greedy(self.temperature)
+
+    def probs(self, logits: torch.Tensor) -> torch.Tensor:
+        return probabilities(logits, self.temperature, self.top_k, self.top_p)

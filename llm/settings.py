@@ -1,16 +1,40 @@
-"""Plain data of the LLM core: how a reply is decoded (``DecodeSettings``), what it streams (``Emission``) and
-what it measured (``DecodeStats``). The config's llm section becomes settings in exactly one place:
-``DecodeSettings.from_config``."""
+"""Plain data of the LLM core: how the models are loaded (``LoadSettings``), how a reply is decoded
+(``DecodeSettings``), what it streams (``Emission``) and what it measured (``DecodeStats``).
+
+This module owns every default of the llm settings: the config (voice/config.py) and the engines read them
+from here, so a default is written once. The config's llm section becomes settings in exactly one place
+each: ``LoadSettings.from_config`` and ``DecodeSettings.from_config``. No torch at import: the config loads
+without it.
+"""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Any, Literal
+from dataclasses import asdict, dataclass, field, fields, replace
+from typing import TYPE_CHECKING, Any, Literal
 
-from llm.speculative import Generation, SamplingParams
+if TYPE_CHECKING:
+    from llm.sampling import SamplingParams
 
 Mode = Literal["draft", "ngram", "target"]
 DraftLength = int | Literal["adaptive", "confidence"]
+EngineKind = Literal["llama.cpp", "torch"]
+Dtype = Literal["float32", "bfloat16", "float16"]
+DraftQuantize = Literal["none", "int8", "int4"]
+TargetQuantize = Literal["none", "int4"]
+Compile = Literal["off", "draft", "both"]
+
+HISTORY_TOKENS = 1536  # a conversation's history budget in tokens: the oldest turns are dropped beyond it
+
+
+def _known(cls: type, llm: dict[str, Any]) -> dict[str, Any]:
+    """The keys of the config's llm section that are fields of cls (the rest belong to other settings)."""
+    names = {f.name for f in fields(cls)}
+    return {k: v for k, v in llm.items() if k in names}
+
+
+def default_engine(device: str) -> EngineKind:
+    """The engine when none is named: llama.cpp on the CPU (GGUF on its kernels), torch on a GPU."""
+    return "llama.cpp" if device == "cpu" else "torch"
 
 
 @dataclass
@@ -61,8 +85,7 @@ class DecodeSettings:
     @classmethod
     def from_config(cls, llm: dict[str, Any]) -> DecodeSettings:
         """From the config's llm section (as a dict); keys that are not decode settings are ignored."""
-        names = set(cls.__dataclass_fields__)
-        return cls(**{k: v for k, v in llm.items() if k in names})
+        return cls(**_known(cls, llm))
 
     def but(self, **changes: Any) -> DecodeSettings:
         """A copy with some fields changed."""
@@ -70,12 +93,59 @@ class DecodeSettings:
 
     @property
     def sampling(self) -> SamplingParams:
+        from llm.sampling import SamplingParams  # torch: imported when a reply is decoded, not with the config
+
         return SamplingParams(self.temperature, self.top_k, self.top_p)
 
     @property
     def width(self) -> int:
         """Candidates per depth the draft proposes: tree_width for a tree, 1 for a chain."""
         return self.tree_width if self.tree and self.mode == "draft" else 1
+
+
+@dataclass(frozen=True)
+class LoadSettings:
+    """How the models are loaded: the config's llm section, its load keys (the decode keys are
+    ``DecodeSettings``'). The defaults are the product's (the config takes them from here)."""
+
+    engine: EngineKind | None = None  # None: ``default_engine(device)``
+    device: str = "cpu"
+    dtype: Dtype = "bfloat16"
+    threads: int | None = None  # LLM compute threads; None: all cores
+    mode: Mode = DecodeSettings.mode  # without a draft model unless "draft"
+    draft_quantize: DraftQuantize = "int4"  # the draft need not be exact: verification keeps the output exact
+    target_quantize: TargetQuantize = "none"
+    draft_vocab: int | None = None  # rows of the draft's reduced head; None: the full vocabulary
+    context_limit: int = 4096  # the longest prompt + reply, in tokens
+    compile: Compile = "off"  # torch.compile the decode step (see Engine)
+    compile_mode: str = "default"
+    static_cache: int = 0  # positions of a preallocated cache (CUDA graphs); 0: a growing cache
+
+    @classmethod
+    def from_config(cls, llm: dict[str, Any]) -> LoadSettings:
+        """From the config's llm section (as a dict); keys that are not load settings are ignored."""
+        return cls(**_known(cls, llm))
+
+    @property
+    def engine_kind(self) -> EngineKind:
+        return self.engine or default_engine(self.device)
+
+
+@dataclass
+class RemoteSettings:
+    """Where the server is and how long to wait for it (the config's llm.* remote keys)."""
+
+    base_url: str
+    api_key: str | None = None
+    model: str | None = None  # None: the first model the server lists
+    connect_timeout_s: float = 3.0
+    first_token_timeout_s: float = 10.0  # request -> first token, retries included; also the longest token gap
+    retries: int = 2
+    metrics_url: str | None = None  # None: <base_url host>/metrics; "": do not scrape
+
+    def __post_init__(self) -> None:
+        if not self.base_url.startswith(("http://", "https://")):
+            raise ValueError(f"llm.base_url {self.base_url!r} is not an http(s) URL; fix: e.g. http://gpu-box:8000/v1")
 
 
 @dataclass
@@ -87,7 +157,7 @@ class Emission:
 
 @dataclass
 class DecodeStats:
-    """One reply's numbers, as plain data (latency trace, logs, benchmark)."""
+    """One reply's numbers, as plain data (latency trace, logs, benchmark); ``Generation.stats`` makes them."""
 
     mode: str
     prompt_tokens: int = 0
@@ -106,38 +176,6 @@ class DecodeStats:
     draft_lengths: list[int] = field(default_factory=list)  # per verify step
     accepted_lengths: list[int] = field(default_factory=list)  # per verify step
     token_times: list[float] = field(default_factory=list)  # monotonic acceptance time of each new token
-
-    @classmethod
-    def from_generation(cls, gen: Generation, mode: str, start: float, prefill_tokens: int) -> DecodeStats:
-        steps = gen.records[1:]  # the first record is the first token, from the prefill
-        drafted = sum(r.drafted for r in steps)
-        accepted = sum(r.accepted for r in steps)
-        rejections = sum(1 for r in steps if r.accepted < r.drafted)
-        times = [r.t for r in gen.records for _ in r.committed]
-        end = times[-1] if times else start
-        n = len(gen.new_tokens)
-        first = gen.first_token_t
-        return cls(
-            mode=mode,
-            prompt_tokens=len(gen.prompt),
-            prefill_tokens=prefill_tokens,
-            new_tokens=n,
-            target_calls=gen.target_calls,
-            drafted=drafted,
-            accepted=accepted,
-            accepted_per_drafted=accepted / drafted if drafted else 0.0,
-            alpha_estimate=accepted / (accepted + rejections) if accepted + rejections else 0.0,
-            mean_accepted_length=(n - len(gen.records[0].committed)) / len(steps) if steps else 0.0,
-            tokens_per_s=n / (end - start) if end > start else 0.0,
-            decode_tokens_per_s=(n - len(gen.records[0].committed)) / (end - first)
-            if first is not None and end > first
-            else 0.0,
-            ttft_s=(first - start) if first is not None else 0.0,
-            total_s=end - start,
-            draft_lengths=[r.drafted for r in steps],
-            accepted_lengths=[r.accepted for r in steps],
-            token_times=times,
-        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

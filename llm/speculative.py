@@ -1,9 +1,8 @@
 """The speculative decoding loop: propose tokens cheaply, verify them in one target pass, keep the exact ones.
 
-Read top to bottom: ``SamplingParams``, ``verify`` (the acceptance rule of Leviathan et al. / Chen et al.), and
-``Generation`` (one reply, advanced one step at a time by its caller). The parts live in their own modules:
-the cached model (cache.py), the proposers (proposers.py), the draft-length policy (policy.py) and token trees
-(tree.py).
+Read ``Generation``: one reply, advanced one step at a time by its caller. The parts live in their own
+modules: the acceptance rule (acceptance.py, one rule for a chain and a token tree), the cached model
+(cache.py), the proposers (proposers.py), the draft-length policy (policy.py) and token trees (tree.py).
 
 Synchronous on purpose: the asyncio layer (engine.py) runs each ``Generation.step`` in a worker thread, and
 awaits between steps, so a step is the unit of cancellation. That is why the prompt is prefilled in chunks
@@ -17,61 +16,13 @@ from dataclasses import dataclass, field
 
 import torch
 
+from llm.acceptance import verify, verify_greedy
 from llm.cache import CachedLM, TorchCachedLM
-from llm.policy import DraftLengthPolicy
+from llm.policy import DraftLengthPolicy, DraftStep
 from llm.proposers import Proposal, Proposer
-from llm.sampling import draw, is_greedy, probabilities, uniform
-from llm.tree import keep_path, tree_logits, verify_tree
-
-
-@dataclass
-class SamplingParams:
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return is_greedy(self.temperature)
-
-    def probs(self, logits: torch.Tensor) -> torch.Tensor:
-        return probabilities(logits, self.temperature, self.top_k, self.top_p)
-
-
-def verify(
-    drafts: list[int], q: torch.Tensor | None, p: torch.Tensor, greedy: bool, generator: torch.Generator | None
-) -> tuple[list[int], int]:
-    """The acceptance rule. p: [len(drafts)+1, V] target distributions; q as in Proposal.
-
-    Returns (tokens to commit, number of drafts accepted). The committed tokens are the accepted drafts and
-    then either the correction at the first rejection, or a bonus token from the last distribution.
-    """
-    if greedy:
-        return verify_greedy(drafts, [int(i) for i in p.numpy().argmax(-1)])
-    out: list[int] = []
-    for i, d in enumerate(drafts):
-        qd = 1.0 if q is None else float(q[i, d])
-        if uniform(generator) < min(1.0, float(p[i, d]) / qd):
-            out.append(d)
-            continue
-        drafted = torch.zeros_like(p[i]).index_fill_(0, torch.tensor([d]), 1.0) if q is None else q[i]
-        residual = torch.clamp(p[i] - drafted, min=0.0)
-        total = residual.sum()
-        # total is 0 only if p == q up to rounding, where rejection had probability ~0: fall back to p
-        out.append(draw(residual / total if total > 0 else p[i], generator))
-        return out, i
-    out.append(draw(p[len(drafts)], generator))
-    return out, len(drafts)
-
-
-def verify_greedy(drafts: list[int], choices: list[int]) -> tuple[list[int], int]:
-    """The acceptance rule at temperature 0, where p is one-hot on the target's own choice at each position
-    (``choices``, one more than drafts): a draft is kept while it is that choice; the choice at the first
-    mismatch (or after the last draft) is committed with them. Same return as ``verify``."""
-    for i, d in enumerate(drafts):
-        if d != choices[i]:
-            return drafts[:i] + [choices[i]], i
-    return drafts + [choices[len(drafts)]], len(drafts)
+from llm.sampling import SamplingParams, draw
+from llm.settings import DecodeStats
+from llm.tree import keep_path, tree_logits
 
 
 @dataclass
@@ -127,8 +78,7 @@ class Generation:
                 return self._commit(self.target.greedy(self.seq)[-1:], 0, 0, 1)
             p = self.params.probs(self.target.logits(self.seq))
             return self._commit([draw(p[-1], self.generator)], 0, 0, 1)
-        catch_up = getattr(self.proposer, "catch_up", None)
-        if self.prefill_chunk and catch_up is not None and catch_up(self.seq, self.prefill_chunk):
+        if self.prefill_chunk and self.proposer is not None and self.proposer.catch_up(self.seq, self.prefill_chunk):
             return []
         return self._speculate()
 
@@ -137,42 +87,44 @@ class Generation:
         k = self.policy.choose(remaining) if self.proposer is not None else 0
         proposal = Proposal([], None)
         if self.proposer is not None and k > 0:
-            # the confidence stop is passed only when on: a proposer without it still serves the other policies
-            stop = {"keep_drafting": self.policy.keep_drafting} if self.policy.confidence else {}
-            proposal = self.proposer.propose(self.seq, k, self.params, self.generator, self.stop_ids, **stop)
+            proposal = self.proposer.propose(
+                self.seq, k, self.params, self.generator, self.stop_ids, self.policy.keep_drafting
+            )
         drafts = proposal.tokens[:k]
         siblings = proposal.siblings[: len(drafts)]
         start = time.perf_counter()
-        sibling_hit = None
         if any(siblings):  # a token tree: one pass over all nodes, then keep the accepted path's cache only
             if not isinstance(self.target, TorchCachedLM):
                 raise NotImplementedError("token trees run on the torch engine only; fix: set llm.tree = false")
             nodes, parents = proposal.tree(k)
             p = self.params.probs(tree_logits(self.target, self.seq, nodes, parents))
-            committed, path = verify_tree(drafts, proposal.q, siblings, p, self.params.greedy, self.generator)
+            committed, path = verify(drafts, proposal.q, p, self.params.greedy, self.generator, siblings)
             keep_path(self.target, nodes, path)
-            accepted = len(path)
-            chain = sum(1 for j in path if j < len(drafts))
-            if chain < len(siblings) and siblings[chain]:
-                sibling_hit = accepted > chain
-            fed, chain_accepted = len(nodes) + 1, chain
+            fed = len(nodes) + 1
         elif self.params.greedy:  # the target's choices alone: no distribution over the vocabulary is built
-            committed, accepted = verify_greedy(drafts, self.target.greedy(self.seq, drafts))
-            fed, chain_accepted = len(drafts) + 1, accepted
+            committed, path = verify_greedy(drafts, self.target.greedy(self.seq, drafts))
+            fed = len(drafts) + 1
         else:
             p = self.params.probs(self.target.logits(self.seq, drafts))
-            committed, accepted = verify(drafts, proposal.q, p, False, self.generator)
-            fed, chain_accepted = len(drafts) + 1, accepted
+            committed, path = verify(drafts, proposal.q, p, False, self.generator)
+            fed = len(drafts) + 1
+        accepted = len(path)
+        chain_accepted = sum(1 for j in path if j < len(drafts))  # a sibling is the node after the chain's part
+        sibling_hit = None  # None unless a chain token with siblings was rejected: then, was a sibling accepted
+        if chain_accepted < len(siblings) and siblings[chain_accepted]:
+            sibling_hit = accepted > chain_accepted
         if self.proposer is not None:
             self.policy.update(
-                len(drafts),
-                chain_accepted,
-                proposal.seconds,
-                proposal.timed_steps,
-                time.perf_counter() - start,
-                fed,
-                sibling_hit,
-                proposal.confidence[: len(drafts)],
+                DraftStep(
+                    drafted=len(drafts),
+                    accepted=chain_accepted,
+                    draft_s=proposal.seconds,
+                    draft_steps=proposal.timed_steps,
+                    verify_s=time.perf_counter() - start,
+                    fed=fed,
+                    sibling_hit=sibling_hit,
+                    confidence=tuple(proposal.confidence[: len(drafts)]),
+                )
             )
         return self._commit(committed, len(drafts), accepted, fed)
 
@@ -193,3 +145,35 @@ class Generation:
             self.first_token_t = now
         self.records.append(StepRecord(drafted, min(accepted, len(committed)), committed, now, fed - 1))
         return committed
+
+    def stats(self, mode: str, start: float, prefill_tokens: int) -> DecodeStats:
+        """This reply's numbers; start: time.monotonic() at the request."""
+        steps = self.records[1:]  # the first record is the first token, from the prefill
+        drafted = sum(r.drafted for r in steps)
+        accepted = sum(r.accepted for r in steps)
+        rejections = sum(1 for r in steps if r.accepted < r.drafted)
+        times = [r.t for r in self.records for _ in r.committed]
+        end = times[-1] if times else start
+        n = len(self.new_tokens)
+        first = self.first_token_t
+        return DecodeStats(
+            mode=mode,
+            prompt_tokens=len(self.prompt),
+            prefill_tokens=prefill_tokens,
+            new_tokens=n,
+            target_calls=self.target_calls,
+            drafted=drafted,
+            accepted=accepted,
+            accepted_per_drafted=accepted / drafted if drafted else 0.0,
+            alpha_estimate=accepted / (accepted + rejections) if accepted + rejections else 0.0,
+            mean_accepted_length=(n - len(self.records[0].committed)) / len(steps) if steps else 0.0,
+            tokens_per_s=n / (end - start) if end > start else 0.0,
+            decode_tokens_per_s=(n - len(self.records[0].committed)) / (end - first)
+            if first is not None and end > first
+            else 0.0,
+            ttft_s=(first - start) if first is not None else 0.0,
+            total_s=end - start,
+            draft_lengths=[r.drafted for r in steps],
+            accepted_lengths=[r.accepted for r in steps],
+            token_times=times,
+        )

@@ -2,9 +2,10 @@
 
 A tree is a list of nodes (tokens) and their parents: the chain first, then the siblings depth by depth; a
 sibling of chain token i continues chain token i-1 (-1: the last committed token). ``tree_logits`` runs the
-target over all nodes with a mask that lets each node see only its ancestors; ``verify_tree`` applies the
-acceptance rule along the tree; ``keep_path`` leaves the cache exactly as a chain pass over the accepted
-tokens would have. Off by default: on a 2-core CPU it measured no faster than a flat chain.
+target over all nodes with a mask that lets each node see only its ancestors; the acceptance rule
+(acceptance.py, one rule for chains and trees) picks the accepted path; ``keep_path`` leaves the cache exactly
+as a chain pass over the accepted tokens would have. Off by default: on a 2-core CPU it measured no faster than
+a flat chain.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import torch
 
 from llm.cache import TorchCachedLM, common_prefix
-from llm.sampling import draw, uniform
 
 
 def tree_shape(k: int, width: int, max_nodes: int) -> list[int]:
@@ -88,59 +88,3 @@ def keep_path(lm: TorchCachedLM, tokens: list[int], path: list[int]) -> None:
     if extra > 0:
         lm.cache.crop(-extra)
     lm.ids = lm.ids + [tokens[j] for j in path]
-
-
-def verify_tree(
-    drafts: list[int],
-    q: torch.Tensor | None,
-    siblings: list[list[int]],
-    p: torch.Tensor,
-    greedy: bool,
-    generator: torch.Generator | None,
-) -> tuple[list[int], list[int]]:
-    """The acceptance rule over a token tree (``token_tree`` order). p: [1 + nodes, V], row 0 after the last
-    committed token, row 1+j after node j.
-
-    Returns (tokens to commit, node indices of the accepted path). Walk down the chain; at each depth first the
-    chain token (drawn from q: accepted with min(1, p/q), as in ``verify``), then, if it was rejected, its
-    siblings in turn. The siblings are deterministic candidates, so each is tried against the current residual
-    r (p with the rejected chain token's q taken out): accept c with probability r(c), else zero r(c) and
-    renormalise. Any procedure that draws exactly from r is right after a rejection, and this one does: c is
-    output with probability r(c), any other x with (1 - r(c)) * r(x) / (1 - r(c)) = r(x). Greedy: accept the
-    node that equals the target's argmax. An accepted sibling is a leaf: its bonus token comes from its row.
-    """
-    out: list[int] = []
-    row, first_sibling = 0, len(drafts)
-    for i, d in enumerate(drafts):
-        pi = p[row]
-        if greedy:
-            ok = d == int(pi.argmax())
-        else:
-            qd = 1.0 if q is None else float(q[i, d])
-            ok = uniform(generator) < min(1.0, float(pi[d]) / qd)
-        if ok:
-            out.append(d)
-            row = i + 1
-            continue
-        path = list(range(i))
-        if greedy:
-            best = int(pi.argmax())
-            for j, c in enumerate(siblings[i] if i < len(siblings) else []):
-                if c == best:
-                    node = first_sibling + sum(map(len, siblings[:i])) + j
-                    return out + [c, int(p[node + 1].argmax())], path + [node]
-            return out + [best], path
-        drafted = torch.zeros_like(pi).index_fill_(0, torch.tensor([d]), 1.0) if q is None else q[i]
-        residual = torch.clamp(pi - drafted, min=0.0)
-        residual = residual / residual.sum() if residual.sum() > 0 else pi.clone()  # 0 only if p == q: see verify
-        for j, c in enumerate(siblings[i] if i < len(siblings) else []):
-            if uniform(generator) < float(residual[c]):
-                node = first_sibling + sum(map(len, siblings[:i])) + j
-                return out + [c, draw(p[node + 1], generator)], path + [node]
-            residual[c] = 0.0
-            total = residual.sum()
-            if total <= 0:  # r was (up to rounding) all on c, which was then accepted with probability ~1
-                residual, total = pi.clone(), pi.sum()
-            residual = residual / total
-        return out + [draw(residual, generator)], path
-    return out + [draw(p[row], generator)], list(range(len(drafts)))

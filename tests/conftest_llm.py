@@ -45,7 +45,10 @@ class ScriptedDraft:
         self.script = script
         self.calls: list[int] = []  # the k asked for at each call
 
-    def propose(self, seq, k, params, generator, stop_ids):
+    def catch_up(self, seq, chunk):
+        return False  # no cache of its own
+
+    def propose(self, seq, k, params, generator, stop_ids, keep_drafting):
         self.calls.append(k)
         start = len(seq) - self.prompt_len
         return Proposal([self.script(start + i) for i in range(k)], None)

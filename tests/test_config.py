@@ -160,3 +160,19 @@ def test_the_llm_engine_follows_the_device_and_a_wrong_one_names_the_fix(tmp_pat
     assert "llm.engine" in str(err.value) and "llama.cpp" in str(err.value)
     with pytest.raises(ConfigError, match=r"llm.engine = 'llama.cpp' runs on the CPU.*fix: set llm.engine = 'torch'"):
         load_config(write(tmp_path, '[llm]\nmode = "ngram"\nengine = "llama.cpp"\ndevice = "cuda"\n'), environ={})
+
+
+def test_the_llm_defaults_are_the_llm_packages():
+    """llm/settings.py owns the llm defaults: the config states none of its own, and the engines (built from
+    these settings) get what the config shows."""
+    from dataclasses import asdict
+
+    from llm.settings import DecodeSettings, LoadSettings, default_engine
+    from voice.config import LLMConfig
+
+    config = LLMConfig().model_dump()
+    owned = {**asdict(DecodeSettings()), **asdict(LoadSettings(engine=default_engine("cpu")))}
+    shared = set(config) & set(owned)
+    assert {"context_limit", "draft_quantize", "max_draft_length", "prefill_chunk", "engine"} <= shared
+    assert {key: config[key] for key in shared} == {key: owned[key] for key in shared}
+    assert LoadSettings.from_config(config) == LoadSettings(engine=config["engine"])

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llm.acceptance import verify
 from llm.cache import TorchCachedLM, common_prefix
 from llm.engine import DecodeSettings, Engine
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, NgramProposer
-from llm.speculative import Generation, SamplingParams, verify
+from llm.speculative import Generation, SamplingParams
 
 from conftest_llm import ScriptedDraft, chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 
@@ -34,10 +35,10 @@ def run(target_model, proposer, prompt, n, k=3, stop_ids=frozenset(), target=Non
 
 def test_verify_greedy_branches():
     p = torch.nn.functional.one_hot(torch.tensor([5, 6, 7, 8]), 10).float()  # the target wants 5, 6, 7 then 8
-    assert verify([5, 6, 7], None, p, True, None) == ([5, 6, 7, 8], 3)  # all accepted + bonus
-    assert verify([1, 6, 7], None, p, True, None) == ([5], 0)  # first rejected: the correction only
-    assert verify([5, 6, 1], None, p, True, None) == ([5, 6, 7], 2)  # rejected in the middle
-    assert verify([], None, p[:1], True, None) == ([5], 0)  # nothing drafted: one target token
+    assert verify([5, 6, 7], None, p, True, None) == ([5, 6, 7, 8], [0, 1, 2])  # all accepted + bonus
+    assert verify([1, 6, 7], None, p, True, None) == ([5], [])  # first rejected: the correction only
+    assert verify([5, 6, 1], None, p, True, None) == ([5, 6, 7], [0, 1])  # rejected in the middle
+    assert verify([], None, p[:1], True, None) == ([5], [])  # nothing drafted: one target token
 
 
 @pytest.mark.parametrize("pattern", ["all", "none", "alternate", "every_third_wrong", "late"])
@@ -107,8 +108,9 @@ def test_stop_token_and_length_limit_end_like_the_target():
 def test_ngram_proposer_finds_the_latest_match():
     ngram = NgramProposer(max_n=2)
     seq = [1, 2, 3, 9, 1, 2, 4, 5, 1, 2]
-    assert ngram.propose(seq, 3, GREEDY, None, set()).tokens == [4, 5, 1]  # the most recent "1 2" was followed by 4
-    assert ngram.propose([7, 8], 3, GREEDY, None, set()).tokens == []
+    always = lambda confidence: True  # noqa: E731 - the confidence stop, off
+    assert ngram.propose(seq, 3, GREEDY, None, set(), always).tokens == [4, 5, 1]  # the latest "1 2" was followed by 4
+    assert ngram.propose([7, 8], 3, GREEDY, None, set(), always).tokens == []
 
 
 def test_cache_reuse_and_rollback_across_replies():

@@ -10,7 +10,7 @@ from collections import Counter
 from llm.cache import TorchCachedLM
 from llm.engine import DecodeSettings, Engine
 from llm.models import reduce_vocab_head
-from llm.policy import DraftLengthPolicy
+from llm.policy import DraftLengthPolicy, DraftStep
 from llm.quant import Int4Linear, quantize_weights
 from llm.speculative import Generation, SamplingParams
 from llm.vocab import head_ids
@@ -66,7 +66,9 @@ def test_confidence_policy_drafts_while_it_pays():
     fixed = DraftLengthPolicy(max_k=8, confidence=True, threshold=0.5)
     assert fixed.keep_drafting([0.9, 0.8]) and not fixed.keep_drafting([0.9, 0.5])  # product 0.72, then 0.36
     # calibration: a draft that is right less often than it claims gets its confidence scaled down
-    fixed.update(drafted=4, accepted=0, draft_s=0.0, draft_steps=0, verify_s=0.3, fed=5, confidence=[0.9] * 4)
+    fixed.update(
+        DraftStep(drafted=4, accepted=0, draft_s=0.0, draft_steps=0, verify_s=0.3, fed=5, confidence=(0.9,) * 4)
+    )
     assert fixed.kappa < 1 and not fixed.keep_drafting([0.9, 0.8])
 
 
@@ -83,14 +85,14 @@ def test_confidence_stop_drafts_long_on_easy_stretches_and_stays_exact():
     right = lambda j: j < 20 or j % 4 != 0  # noqa: E731 - easy first half, then every fourth position is wrong
 
     class Sure(ScriptedDraft):
-        def propose(self, seq, k, params, generator, stop_ids, keep_drafting=None):
-            proposal = super().propose(seq, k, params, generator, stop_ids)
+        def propose(self, seq, k, params, generator, stop_ids, keep_drafting):
+            proposal = super().propose(seq, k, params, generator, stop_ids, keep_drafting)
             start = len(seq) - self.prompt_len
             tokens, conf = [], []
             for i, t in enumerate(proposal.tokens):
                 tokens.append(t)
                 conf.append(0.98 if right(start + i) else 0.2)
-                if keep_drafting is not None and not keep_drafting(conf):
+                if not keep_drafting(conf):
                     break
             proposal.tokens, proposal.confidence = tokens, conf
             return proposal

@@ -126,7 +126,7 @@ def test_chi_square_rejects_a_wrong_distribution():
 
 def test_verify_resamples_from_the_residual():
     """With one draft token, P(commit = x) must be p(x) exactly; enumerate it for a sampled and a fixed draft."""
-    from llm.speculative import verify
+    from llm.acceptance import verify
 
     p = torch.tensor([[0.1, 0.6, 0.3], [0.2, 0.2, 0.6]])
     q = torch.tensor([0.5, 0.25, 0.25])

@@ -11,12 +11,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from llm.acceptance import verify, verify_greedy
 from llm.cache import TorchCachedLM
 from llm.engine import DecodeSettings, _stop_ids
 from llm.policy import DraftLengthPolicy
 from llm.proposers import DraftModelProposer, Proposal
 from llm.speculative import Generation, SamplingParams
-from llm.tree import tree_shape, verify_tree
+from llm.tree import tree_logits, tree_shape
 
 from conftest_llm import chat_ids, smollm_fp32, smollm_with_cheap_draft, tiny_model
 from test_llm_sampling import PROMPT, VOCAB, chi_square_p, exact
@@ -33,7 +34,10 @@ class ScriptedTree:
         self.prompt_len, self.reference, self.vocab, self.plan = prompt_len, reference, vocab, plan
         self.steps = 0
 
-    def propose(self, seq, k, params, generator, stop_ids):
+    def catch_up(self, seq, chunk):
+        return False  # no cache of its own
+
+    def propose(self, seq, k, params, generator, stop_ids, keep_drafting):
         start = len(seq) - self.prompt_len
         where = self.plan(self.steps).split()
         self.steps += 1
@@ -91,12 +95,36 @@ def test_verify_tree_greedy_branches():
     p = torch.nn.functional.one_hot(torch.tensor([5, 6, 7, 8, 1, 2, 3, 4, 9]), 10).float()
     # nodes: chain 0,1 then siblings of chain 0 (nodes 2, 3) and of chain 1 (node 4); row 1+j is after node j
     # the target wants 5 at the root, then after node j the token in row 1+j: 6, 7, 8, 1, 2
-    assert verify_tree([5, 6], None, [[1, 2], [3]], p[:6], True, None) == ([5, 6, 7], [0, 1])  # all + bonus
-    assert verify_tree([1, 6], None, [[5, 2], [3]], p[:6], True, None) == ([5, 8], [2])  # sibling at depth 1
-    assert verify_tree([1, 6], None, [[2, 5], [3]], p[:6], True, None) == ([5, 1], [3])  # its second sibling
-    assert verify_tree([5, 1], None, [[2, 3], [6]], p[:6], True, None) == ([5, 6, 2], [0, 4])  # depth 2 sibling
-    assert verify_tree([1, 6], None, [[2, 3], [4]], p[:6], True, None) == ([5], [])  # rejected at the root
-    assert verify_tree([5, 1], None, [[2, 3], []], p[:5], True, None) == ([5, 6], [0])  # no siblings there
+    assert verify([5, 6], None, p[:6], True, None, [[1, 2], [3]]) == ([5, 6, 7], [0, 1])  # all + bonus
+    assert verify([1, 6], None, p[:6], True, None, [[5, 2], [3]]) == ([5, 8], [2])  # sibling at depth 1
+    assert verify([1, 6], None, p[:6], True, None, [[2, 5], [3]]) == ([5, 1], [3])  # its second sibling
+    assert verify([5, 1], None, p[:6], True, None, [[2, 3], [6]]) == ([5, 6, 2], [0, 4])  # depth 2 sibling
+    assert verify([1, 6], None, p[:6], True, None, [[2, 3], [4]]) == ([5], [])  # rejected at the root
+    assert verify([5, 1], None, p[:5], True, None, [[2, 3], []]) == ([5, 6], [0])  # no siblings there
+
+
+def test_a_tree_without_siblings_accepts_what_the_chain_rule_accepts_on_a_real_model():
+    """One rule: the tree path over a bare chain (one masked pass, ``verify`` with empty siblings) accepts and
+    commits what the chain path does (a plain pass; ``verify_greedy`` at temperature 0), on SmolLM2's logits."""
+    model, tok = smollm_fp32()
+    prompt = chat_ids(tok, "What is the capital of France?")
+    lm, right = TorchCachedLM(model), []
+    for _ in range(4):  # the target's own next four tokens
+        right += lm.greedy(prompt + right)
+    wrong = [right[0], right[1], right[2] + 1, right[3]]
+    for drafts, accepted in ((right, 4), (wrong, 2), ([right[0] + 1, right[1]], 0)):
+        chain = TorchCachedLM(model).logits(prompt, drafts)
+        tree = tree_logits(TorchCachedLM(model), prompt, drafts, list(range(-1, len(drafts) - 1)))
+        assert torch.allclose(chain, tree, atol=1e-4)
+        bare = [[] for _ in drafts]
+        committed, path = verify_greedy(drafts, TorchCachedLM(model).greedy(prompt, drafts))
+        assert len(path) == accepted and committed[:accepted] == drafts[:accepted]
+        assert verify(drafts, None, GREEDY.probs(tree), True, None, bare) == (committed, path)
+        params = SamplingParams(1.0)
+        for seed in range(8):
+            by_chain = verify(drafts, None, params.probs(chain), False, torch.Generator().manual_seed(seed))
+            by_tree = verify(drafts, None, params.probs(tree), False, torch.Generator().manual_seed(seed), bare)
+            assert by_chain == by_tree
 
 
 def test_tree_shape_fills_near_depths_first():
@@ -163,7 +191,7 @@ def test_tree_with_siblings_at_near_depths_only():
     prompt = [3, 1, 4, 1, 5, 9, 2, 6]
     reference = run(target, None, prompt, 40).new_tokens
     proposer = DraftModelProposer(TorchCachedLM(draft), width=3, max_nodes=7)
-    proposal = proposer.propose(prompt + reference[:1], 4, GREEDY, None, set())
+    proposal = proposer.propose(prompt + reference[:1], 4, GREEDY, None, set(), lambda confidence: True)
     assert [len(s) for s in proposal.siblings] == [2, 1, 0, 0]
     gen = run(target, proposer, prompt, 40, k=4, check_cache_atol=1e-5)
     assert gen.new_tokens == reference
@@ -221,6 +249,9 @@ class Recording:
     def __init__(self, proposer):
         self.proposer, self.last = proposer, None
 
+    def catch_up(self, seq, chunk):
+        return self.proposer.catch_up(seq, chunk)
+
     def propose(self, *args):
         self.last = self.proposer.propose(*args)
         return self.last
@@ -251,7 +282,10 @@ def sample_tree(target, proposer, params, seed=0, k=2):
 class FixedTree:
     """A deterministic tree draft (q one-hot): chain 3, 0 with siblings [1, 2] and [4]."""
 
-    def propose(self, seq, k, params, generator, stop_ids):
+    def catch_up(self, seq, chunk):
+        return False  # no cache of its own
+
+    def propose(self, seq, k, params, generator, stop_ids, keep_drafting):
         return Proposal([3, 0][:k], None, siblings=[[1, 2], [4]][:k])
 
 

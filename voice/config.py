@@ -17,6 +17,19 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from llm.settings import (
+    HISTORY_TOKENS,
+    DecodeSettings,
+    DraftLength,
+    DraftQuantize,
+    Dtype,
+    EngineKind,
+    LoadSettings,
+    Mode,
+    RemoteSettings,
+    TargetQuantize,
+    default_engine,
+)
 from voice.config_servers import MQTTConfig, ServerConfig, WyomingConfig
 from voice.config_servers import Section as _Section
 
@@ -25,6 +38,8 @@ from voice.config_servers import Section as _Section
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 DEFAULT_CONFIG = CONFIG_DIR / "default.toml"
 ENV_PREFIX = "SPECVOICE_"
+# the llm package owns the llm defaults (llm/settings.py): the config shows and validates them, never restates them
+_LOAD, _DECODE = LoadSettings(), DecodeSettings()
 
 
 class ConfigError(ValueError):
@@ -45,35 +60,41 @@ class ModelsConfig(_Section):
 
 
 class LLMConfig(_Section):
-    engine: Literal["llama.cpp", "torch"] = Field(
-        "llama.cpp",
+    engine: EngineKind = Field(
+        default_engine(_LOAD.device),
         description="llama.cpp: the GGUF on llama.cpp's CPU kernels; torch: transformers weights (GPU, and the "
         "float32 exactness reference); default: llama.cpp on the CPU, torch on a GPU",
     )
-    device: str = "cpu"
-    dtype: Literal["float32", "bfloat16", "float16"] = "bfloat16"
-    threads: int | None = Field(None, ge=1, description="LLM compute threads (torch or llama.cpp); default: all cores")
-    mode: Literal["draft", "ngram", "target"] = "draft"
-    draft_length: int | Literal["adaptive", "confidence"] = "adaptive"
-    max_draft_length: int = Field(6, ge=1, le=32)
+    device: str = _LOAD.device
+    dtype: Dtype = _LOAD.dtype
+    threads: int | None = Field(
+        _LOAD.threads, ge=1, description="LLM compute threads (torch or llama.cpp); default: all cores"
+    )
+    mode: Mode = _DECODE.mode
+    draft_length: DraftLength = _DECODE.draft_length
+    max_draft_length: int = Field(_DECODE.max_draft_length, ge=1, le=32)
     draft_confidence: float | None = Field(
-        None,
+        _DECODE.draft_confidence,
         gt=0.0,
         lt=1.0,
         description="draft_length = 'confidence': stop at this fixed threshold instead of the measured-cost rule",
     )
-    tree: bool = Field(False, description="token-tree verification: the draft's next-best tokens as siblings")
-    tree_width: int = Field(2, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)")
-    draft_quantize: Literal["none", "int8", "int4"] = "int4"
-    target_quantize: Literal["none", "int4"] = Field("none", description="int4 weights for the served target")
-    draft_vocab: int | None = Field(None, ge=256, description="reduced draft head size; None = full")
-    max_new_tokens: int = Field(96, ge=1)
-    temperature: float = Field(0.0, ge=0.0)
-    top_k: int = Field(0, ge=0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    seed: int | None = None
-    context_limit: int = Field(4096, ge=64)
-    prefill_chunk: int = Field(128, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)")
+    tree: bool = Field(_DECODE.tree, description="token-tree verification: the draft's next-best tokens as siblings")
+    tree_width: int = Field(
+        _DECODE.tree_width, ge=1, le=8, description="tree: candidates per position (chain token + alternatives)"
+    )
+    draft_quantize: DraftQuantize = _LOAD.draft_quantize
+    target_quantize: TargetQuantize = Field(_LOAD.target_quantize, description="int4 weights for the served target")
+    draft_vocab: int | None = Field(_LOAD.draft_vocab, ge=256, description="reduced draft head size; None = full")
+    max_new_tokens: int = Field(_DECODE.max_new_tokens, ge=1)
+    temperature: float = Field(_DECODE.temperature, ge=0.0)
+    top_k: int = Field(_DECODE.top_k, ge=0)
+    top_p: float = Field(_DECODE.top_p, gt=0.0, le=1.0)
+    seed: int | None = _DECODE.seed
+    context_limit: int = Field(_LOAD.context_limit, ge=64)
+    prefill_chunk: int = Field(
+        _DECODE.prefill_chunk, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)"
+    )
     # the remote backend (llm.backend = "openai"): an OpenAI-compatible chat-completions server (vLLM, SGLang,
     # llama.cpp's server, Ollama, transformers serve); the local keys above then only set temperature, top_k,
     # top_p, seed and max_new_tokens, and the server does its own speculative decoding
@@ -82,23 +103,29 @@ class LLMConfig(_Section):
         description="local: the speculative decoder in this process; openai: a chat-completions server at llm.base_url",
     )
     base_url: str | None = Field(None, description="e.g. 'http://gpu-box:8000/v1' (llm.backend = 'openai')")
-    api_key: str | None = Field(None, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY")
-    remote_model: str | None = Field(None, description="model name in requests; default: the server's first")
+    api_key: str | None = Field(
+        RemoteSettings.api_key, description="sent as a bearer token; prefer SPECVOICE_LLM__API_KEY"
+    )
+    remote_model: str | None = Field(
+        RemoteSettings.model, description="model name in requests; default: the server's first"
+    )
     tokenizer: str | None = Field(
         None,
         description="a local tokenizer (model name or folder) to count history "
         "tokens exactly; default: about 4 characters per token",
     )
-    connect_timeout_s: float = Field(3.0, gt=0)
+    connect_timeout_s: float = Field(RemoteSettings.connect_timeout_s, gt=0)
     first_token_timeout_s: float = Field(
-        10.0,
+        RemoteSettings.first_token_timeout_s,
         gt=0,
         description="from the request to the first token, retries "
         "included; also the longest silence allowed between two tokens",
     )
-    retries: int = Field(2, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)")
+    retries: int = Field(
+        RemoteSettings.retries, ge=0, le=10, description="retries before the first token (refused, 429, 5xx)"
+    )
     metrics_url: str | None = Field(
-        None,
+        RemoteSettings.metrics_url,
         description="the server's Prometheus page for its speculative-decoding "
         "counters; default: <base_url host>/metrics; '' = do not scrape",
     )
@@ -108,7 +135,7 @@ class LLMConfig(_Section):
     def _default_engine(cls, data: Any) -> Any:
         """No engine named: llama.cpp on the CPU, torch on a GPU."""
         if isinstance(data, dict) and data.get("engine") is None:
-            data = {**data, "engine": "llama.cpp" if data.get("device", "cpu") == "cpu" else "torch"}
+            data = {**data, "engine": default_engine(data.get("device") or _LOAD.device)}
         return data
 
     @model_validator(mode="after")
@@ -134,7 +161,7 @@ class DialogConfig(_Section):
         "You are a helpful voice assistant. Answer in one to three short spoken sentences, "
         "with no lists, code or markdown."
     )
-    history_tokens: int = Field(1536, ge=64, description="oldest turns are dropped beyond this")
+    history_tokens: int = Field(HISTORY_TOKENS, ge=64, description="oldest turns are dropped beyond this")
     stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")
     early_reply: bool = Field(
