@@ -18,8 +18,8 @@ import logging
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import TYPE_CHECKING
 
+from llm.settings import DecodeSettings
 from voice.config import Config
 from voice.dialog.session import Session
 from voice.events import Event, EventHandler
@@ -29,9 +29,6 @@ from voice.latency import LatencyStats
 from voice.memory import Trimmer
 from voice.ports import AudioSink, ChatEngine, SpeechRecognizer, SpeechSynthesizer
 from voice.tasks import Job, Tasks
-
-if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
-    from llm.settings import DecodeSettings
 
 log = logging.getLogger("specvoice.assistant")
 

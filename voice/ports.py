@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterable
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 from audio.sinks import AudioSink
-
-if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
-    from llm.settings import DecodeSettings, DecodeStats, Emission
+from llm.settings import HISTORY_TOKENS, DecodeSettings, DecodeStats, Emission
 
 __all__ = ["AudioSink", "Chat", "ChatEngine", "SpeechRecognizer", "SpeechSynthesizer", "Tool", "Transcription"]
 
@@ -59,7 +57,7 @@ class Chat(Protocol):
 class ChatEngine(Protocol):
     """An LLM that holds conversations: loaded once by the assistant, one ``Chat`` per session."""
 
-    def conversation(self, system_prompt: str, history_tokens: int = 1536) -> Chat: ...
+    def conversation(self, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> Chat: ...
 
 
 class Transcription(Protocol):

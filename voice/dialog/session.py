@@ -20,10 +20,11 @@ import itertools
 import logging
 import time
 import uuid
-from typing import TYPE_CHECKING, Protocol
+from typing import Protocol
 
 import numpy as np
 
+from llm.settings import DecodeSettings
 from voice.config import Config
 from voice.dialog.actions import action_instructions
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
@@ -43,9 +44,6 @@ from voice.hearing.listener import Listener, ListenEvent, Utterance, UtteranceEn
 from voice.latency import LatencyStats, LatencyTrace
 from voice.ports import AudioSink, ChatEngine, SpeechSynthesizer, Tool
 from voice.tasks import Job, cancel_and_wait
-
-if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
-    from llm.settings import DecodeSettings
 
 log = logging.getLogger("specvoice.session")
 

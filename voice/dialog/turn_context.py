@@ -6,17 +6,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
+from llm.settings import DecodeSettings, Emission
 from voice.config import TTSConfig
 from voice.events import Event, State
 from voice.latency import LatencyStats
 from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
 from voice.speaking.chunker import Chunker
 from voice.tasks import cancel_and_wait, start
-
-if TYPE_CHECKING:  # llm.settings imports torch: a front-end with every model remote never loads it
-    from llm.settings import DecodeSettings, Emission
 
 
 @dataclass
