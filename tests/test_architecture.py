@@ -151,7 +151,7 @@ def test_no_module_is_too_long_to_read_in_one_sitting():
 
 # ---- ports: the session, its turns and the assistant speak to the models through typed ports -----------------
 
-PORT_USERS = ("voice/dialog/session.py", "voice/dialog/turn.py", "voice/dialog/turn_context.py", "voice/assistant.py")
+PORT_USERS = ("voice/dialog/session.py", "voice/dialog/turn.py", "voice/assistant.py")
 
 
 def _names_any(annotation: ast.expr | None) -> bool:

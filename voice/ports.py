@@ -35,7 +35,7 @@ class Chat(Protocol):
 
     A voice turn streams ``reply(..., commit=False)`` and then writes the exchange once: ``commit`` with the words
     the user heard, or ``discard`` (a reply started early on a guess). Every ``reply`` is an async generator: a
-    turn closes it the moment it stops listening (``voice.dialog.turn_context.close_reply``), so the chat is free
+    turn closes it the moment it stops listening (``voice.dialog.turn.close_reply``), so the chat is free
     at once."""
 
     @property

@@ -7,6 +7,9 @@ speaker synthesizes each fragment and hands its audio to the sink, so the first 
 is still being generated. There is one way to stop a turn: cancel its task (``Turn.cancel``: a barge-in, a
 client's cancel, shutdown), which stops both stages between two steps. Whatever ended it, the turn then writes
 the exchange into the conversation exactly once, with the reply as far as the sink says the user heard it.
+
+What every turn of a session works with is a ``TurnContext``, built once by the session; a reply started on a
+guess before the turn ended is an ``EarlyReply``, adopted by the turn or dropped.
 """
 
 from __future__ import annotations
@@ -14,20 +17,134 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
+from dataclasses import dataclass
 
 from audio.resample import resample
+from llm.settings import DecodeSettings, Emission
 from voice import tasks
+from voice.config import TTSConfig
 from voice.dialog.actions import ActionParser
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
-from voice.dialog.turn_context import EarlyReply, Pieces, TurnContext, close_reply
-from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
+from voice.events import (
+    ActionRequested,
+    Event,
+    ReplyAudio,
+    ReplyTextDelta,
+    State,
+    TranscriptFinal,
+    TurnDone,
+    TurnError,
+)
 from voice.hearing.listener import Utterance
-from voice.latency import LatencyTrace
-from voice.ports import AudioSink
+from voice.latency import LatencyStats, LatencyTrace
+from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
+from voice.speaking.chunker import Chunker
+from voice.tasks import cancel_and_wait, start
 
 log = logging.getLogger("specvoice.turn")
+
+
+@dataclass
+class TurnContext:
+    """What every turn of one session speaks with; built once by the session."""
+
+    conversation: Chat
+    decode: DecodeSettings
+    tts: SpeechSynthesizer
+    tts_config: TTSConfig
+    sink: AudioSink | None  # None: the audio goes nowhere but in ReplyAudio events
+    emit: Callable[[Event], None]
+    set_state: Callable[[State], None]
+    generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
+    stats: LatencyStats
+    turn_timeout_s: float
+    stt_timeout_s: float
+    allowed_actions: dict[str, list[str]]
+    session_id: str = ""
+    warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
+    tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
+
+    def chunker(self) -> Chunker:
+        return Chunker.from_config(self.tts_config)
+
+
+Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
+
+
+async def close_reply(stream: AsyncIterator[Emission]) -> None:
+    """Stop a ``Chat.reply`` stream now, not when the garbage collector gets to it: until then the conversation
+    is busy and its engine may still be stepping it. Every reply is an async generator (voice/ports.py)."""
+    if isinstance(stream, AsyncGenerator):
+        await stream.aclose()
+
+
+class EarlyReply:
+    """A reply generated from the pause transcript before the end of the turn is decided. Its emissions wait in
+    a queue until a turn adopts it; until then nothing is spoken or sent, and a reply that is dropped leaves the
+    conversation as if it never ran (it is never committed)."""
+
+    def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
+        self.ctx, self.text = ctx, text
+        self._on_adopt = on_adopt
+        self._adopted = False
+        self._queue: asyncio.Queue[Emission | Exception | None] = asyncio.Queue()  # ... then None at the end
+        self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
+        self._task = start(self._generate(), name="early reply")
+
+    @property
+    def alive(self) -> bool:
+        return not self._task.cancelled()
+
+    async def _generate(self) -> None:
+        ctx = self.ctx
+        await ctx.generation_lock.acquire()
+        try:
+            stream = ctx.conversation.reply(self.text, ctx.decode, commit=False)
+            try:
+                async for emission in stream:
+                    self._queue.put_nowait(emission)
+                    self._output.set()
+            finally:
+                await close_reply(stream)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # surfaces in the turn that adopts this reply
+            self._queue.put_nowait(exc)
+        finally:
+            ctx.generation_lock.release()
+            self._queue.put_nowait(None)
+            self._output.set()
+
+    async def first_output(self) -> None:
+        """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
+        output = start(self._output.wait())
+        await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
+        output.cancel()
+
+    async def discard(self) -> None:
+        """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
+        await cancel_and_wait(self._task)
+        if not self._adopted and self.ctx.conversation.uncommitted:
+            self.ctx.conversation.discard()
+
+    def adopt(self) -> Pieces:
+        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
+        early (barge-in) stops the generation; the turn then commits what was heard, like any reply."""
+        self._adopted = True
+        if self._on_adopt is not None:
+            self._on_adopt()
+        return self._pieces()
+
+    async def _pieces(self) -> Pieces:
+        try:
+            while (item := await self._queue.get()) is not None:
+                if isinstance(item, Exception):
+                    raise item
+                yield item
+        finally:
+            await cancel_and_wait(self._task)
 
 
 class Turn:
