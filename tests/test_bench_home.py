@@ -163,5 +163,11 @@ def test_a_bad_case_file_exits_2_before_loading_any_model(tmp_path, capsys):
     assert "fix:" in capsys.readouterr().err
 
 
+def test_a_nonsense_limit_is_a_usage_error_before_any_model_loads(capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli(["-c", "configs/small.toml", "bench", "home", "--limit", "0"])
+    assert caught.value.code == 2 and "--limit: 0 is below 1" in capsys.readouterr().err
+
+
 def test_default_cases_path_is_inside_the_repository():
     assert DEFAULT_CASES.is_relative_to(Path(__file__).resolve().parent.parent)
