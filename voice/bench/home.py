@@ -318,7 +318,7 @@ async def bench(config: Any, argv: list[str]) -> int:
     p = argparse.ArgumentParser(
         prog="specvoice bench home",
         description=__doc__.split("\n")[0],
-        epilog=__doc__.split("The case file format::")[1],
+        epilog="case file format:" + __doc__.split("The case file format::")[1],
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--cases", default=str(DEFAULT_CASES), help="case file (default: configs/home_cases.json)")
