@@ -213,14 +213,7 @@ def _main(argv: list[str] | None) -> int:
         print(config_to_toml(config, secrets=args.secrets), flush=True)
         return 0
     key = f"bench {args.what}" if args.command == "bench" else args.command
-    if extra and key not in (
-        "bench llm",
-        "bench speech",
-        "bench pipeline",
-        "bench soak",
-        "bench frontend",
-        "bench home",
-    ):
+    if extra and not key.startswith("bench "):  # each benchmark parses its own flags
         fail(f"unknown arguments {' '.join(extra)}; fix: see `specvoice {args.command} --help`")
         return 2
     from audio.devices import DeviceError
