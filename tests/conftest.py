@@ -87,6 +87,7 @@ SLOW_TESTS = {
     "test_seeded_engine_sampling_on_a_real_model_is_reproducible",
     "test_speaker_to_microphone_round_trip_transcribes_back",
     "test_tone_snr_through_the_server_input_path",
+    "test_a_real_run_writes_one_record_per_case_and_publishes_nothing_unallowed",
     "test_a_nonsense_bench_number_is_a_usage_error_naming_the_flag",
     "test_say_and_transcribe_commands_round_trip",
     "test_a_request_with_a_pause_inside_is_not_cut_at_the_pause",

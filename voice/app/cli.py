@@ -24,6 +24,7 @@ COMMANDS = {
     "bench pipeline": "voice.bench.pipeline:main",
     "bench soak": "voice.bench.soak:main",
     "bench frontend": "voice.bench.frontend:main",
+    "bench home": "voice.bench.home:main",
 }
 
 
@@ -71,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)", add_help=False
     )  # --help goes on to the benchmark's own parser
-    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend"])
+    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home"])
     return p
 
 
@@ -187,7 +188,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
         print(
-            "usage: specvoice bench {llm,speech,pipeline,soak,frontend} [flags]   "
+            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home} [flags]   "
             "(`specvoice bench llm --help`: its flags)",
             file=sys.stdout if asked else sys.stderr,
         )
@@ -212,7 +213,7 @@ def _main(argv: list[str] | None) -> int:
         print(config_to_toml(config, secrets=args.secrets), flush=True)
         return 0
     key = f"bench {args.what}" if args.command == "bench" else args.command
-    if extra and key not in ("bench llm", "bench speech", "bench pipeline", "bench soak", "bench frontend"):
+    if extra and not key.startswith("bench "):  # each benchmark parses its own flags
         fail(f"unknown arguments {' '.join(extra)}; fix: see `specvoice {args.command} --help`")
         return 2
     from audio.devices import DeviceError

@@ -1,0 +1,173 @@
+"""`specvoice bench home`: the case file is checked with errors that say the fix, the default cases come from Home
+Assistant's sentences and stay on the device list, and a real run writes one honest record per case."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+
+import pytest
+
+from voice.app.cli import main as cli
+from voice.bench.home import DEFAULT_CASES, CaseFileError, Result, load_cases, parse_cases, published_actions
+from voice.bench.home_cases import generate
+from voice.events import ActionRequested
+
+GOOD = {
+    "devices": [
+        {
+            "name": "kitchen light",
+            "topic": "home/kitchen/light/set",
+            "payloads": ["ON", "OFF"],
+            "area": "kitchen",
+            "state_topic": "home/kitchen/light/state",
+        },
+        {"name": "garage door", "topic": "home/garage/door/set", "payloads": ["OPEN", "CLOSE"]},
+    ],
+    "cases": [
+        {"say": "turn on the kitchen light", "expect": {"topic": "home/kitchen/light/set", "payload": "ON"}},
+        {"say": "what's the weather like", "expect": None, "intent": "chitchat"},
+        {
+            "say": "is the kitchen light on",
+            "expect": None,
+            "intent": "HassGetState",
+            "state": {"home/kitchen/light/state": "OFF"},
+        },
+    ],
+}
+
+
+def test_a_good_file_loads_with_its_allow_list(tmp_path):
+    path = tmp_path / "cases.json"
+    path.write_text(json.dumps(GOOD))
+    cases = load_cases(path)
+    assert cases.allowed == {"home/kitchen/light/set": ["ON", "OFF"], "home/garage/door/set": ["OPEN", "CLOSE"]}
+    assert cases.devices[0].area == "kitchen" and cases.devices[1].state_topic is None
+    assert cases.cases[0].intent == "other"  # no intent given
+    assert cases.cases[0].expect == {"topic": "home/kitchen/light/set", "payload": "ON"}
+    assert cases.cases[2].state == {"home/kitchen/light/state": "OFF"}
+
+
+def _broken(change) -> dict:
+    data = copy.deepcopy(GOOD)
+    change(data)
+    return data
+
+
+@pytest.mark.parametrize(
+    "change, said",
+    [
+        (lambda d: d.pop("devices"), "lacks ['devices']"),
+        (lambda d: d.update(cases=[]), "'cases' must be a non-empty list"),
+        (lambda d: d["devices"][0].pop("payloads"), "devices[0] lacks ['payloads']"),
+        (lambda d: d["devices"][0].update(payloads="ON"), "'payloads' must be a list of strings"),
+        (lambda d: d["devices"][1].update(topic="home/kitchen/light/set"), "is listed twice"),
+        (lambda d: d["devices"][1].update(topic="home/+/door/set"), "wildcards"),
+        (lambda d: d["devices"][0].update(colour="red"), "unknown key(s) ['colour']"),
+        (lambda d: d["cases"][0].pop("expect"), "cases[0] lacks ['expect']"),
+        (lambda d: d["cases"][0].update(say=""), "cases[0].say must be a non-empty string"),
+        (lambda d: d["cases"][0]["expect"].update(topic="home/attic/fan/set"), "is no device's topic"),
+        (lambda d: d["cases"][0]["expect"].update(payload="DIM"), "payload 'DIM' is not one of"),
+        (lambda d: d["cases"][2].update(state={"home/garage/door/state": "open"}), "is no device's state_topic"),
+        (lambda d: d["cases"][1].update(intent=3), "cases[1].intent must be a non-empty string"),
+    ],
+)
+def test_each_kind_of_bad_file_names_the_problem_and_the_fix(change, said):
+    with pytest.raises(CaseFileError) as caught:
+        parse_cases(_broken(change), "cases.json")
+    message = str(caught.value)
+    assert said in message and "fix:" in message and message.startswith("cases.json")
+
+
+def test_an_unreadable_or_non_json_file_is_a_clear_error(tmp_path):
+    with pytest.raises(CaseFileError, match="cannot read case file .*fix: give an existing file"):
+        load_cases(tmp_path / "missing.json")
+    (tmp_path / "bad.json").write_text("{devices: []")
+    with pytest.raises(CaseFileError, match="not JSON .*fix:"):
+        load_cases(tmp_path / "bad.json")
+
+
+def test_the_generator_covers_every_intent_with_actions_on_the_device_list():
+    data = generate()
+    cases = parse_cases(data, "generated")  # every expect names a device's topic and one of its payloads
+    assert len(cases.cases) >= 400
+    intents = {c.intent for c in cases.cases}
+    assert {"HassTurnOn", "HassTurnOff", "HassLightSet", "HassGetState", "NotOnList", "chitchat"} <= intents
+    assert len(cases.devices) >= 20 and len({d.area for d in cases.devices}) >= 8
+    by_topic = {d.topic: d for d in cases.devices}
+    for case in cases.cases:
+        if case.intent in ("HassGetState", "NotOnList", "chitchat"):
+            assert case.expect is None, case
+            continue
+        assert case.expect is not None, case
+        device = by_topic[case.expect["topic"]]
+        assert device.name in case.say  # the sentence names the device it expects switched
+        if case.intent == "HassLightSet":
+            assert case.expect["payload"] in case.say.split()  # the brightness asked for is the one expected
+    covers = [c for c in cases.cases if c.expect and by_topic[c.expect["topic"]].payloads == ["OPEN", "CLOSE"]]
+    assert {c.expect["payload"] for c in covers if c.expect} == {"OPEN", "CLOSE"}
+    assert all(c.state for c in cases.cases if c.intent == "HassGetState")
+
+
+def test_the_committed_case_file_is_what_the_generator_makes():
+    """Stable seeded sampling: regenerating gives the committed file (else regenerate it and commit)."""
+    assert json.loads(DEFAULT_CASES.read_text()) == generate()
+
+
+def test_only_allowed_requests_count_as_published_and_the_reply_must_match_the_deed():
+    allowed = {"home/a/set": ["ON", "OFF"]}
+    requests = [
+        ActionRequested("home/a/set", "ON", True),
+        ActionRequested("home/b/set", "ON", True),  # claimed allowed, but not on the list: the bridge refuses it
+        ActionRequested("home/a/set", "DIM", False, "payload not allowed"),
+    ]
+    assert published_actions(requests, allowed) == [{"topic": "home/a/set", "payload": "ON"}]
+    refused = Result("x", None, "other", [], [{"topic": "t", "payload": "p"}], "Sorry, I can't do that.", False)
+    assert refused.consistent and refused.right
+    lied = Result("x", None, "other", [], [{"topic": "t", "payload": "p"}], "Done, it is on.", False)
+    assert not lied.consistent
+    done = Result("x", {"topic": "t", "payload": "ON"}, "other", [{"topic": "t", "payload": "ON"}], [], "Done.", False)
+    assert done.right and done.consistent
+
+
+def test_a_real_run_writes_one_record_per_case_and_publishes_nothing_unallowed(tmp_path):
+    """SmolLM2-135M over four cases, one also spoken: the records' shape, and the allow-list holds. The small
+    model's accuracy is not asserted (it seldom writes a marker at all)."""
+    data = copy.deepcopy(GOOD)
+    data["cases"].append(
+        {"say": "open the garage door", "expect": {"topic": "home/garage/door/set", "payload": "OPEN"}}
+    )
+    (tmp_path / "cases.json").write_text(json.dumps(data))
+    out = tmp_path / "home.json"
+    argv = ["-c", "configs/small.toml", "bench", "home", "--cases", str(tmp_path / "cases.json")]
+    assert cli([*argv, "--json", str(out), "--spoken", "1"]) == 0
+    report = json.loads(out.read_text())
+    records = report["cases"]
+    assert [r["spoken"] for r in records] == [False] * 4 + [True]
+    allowed = {d["topic"]: d["payloads"] for d in data["devices"]}
+    for record, case in zip(records, [*data["cases"], data["cases"][0]], strict=True):
+        assert record["say"] == case["say"] and record["expect"] == case["expect"]
+        assert isinstance(record["reply"], str) and record["reply"].strip()
+        for action in record["published"]:
+            assert set(action) == {"topic", "payload"} and action["payload"] in allowed[action["topic"]]
+    assert records[-1]["transcript"]  # the listener heard the spoken case
+    for part in ("text", "spoken"):
+        assert report["summary"][part]["total"]["unallowed_published"] == 0
+    assert report["summary"]["text"]["total"]["cases"] == 4
+
+
+def test_a_bad_case_file_exits_2_before_loading_any_model(tmp_path, capsys):
+    (tmp_path / "cases.json").write_text(json.dumps({"devices": []}))
+    assert cli(["-c", "configs/small.toml", "bench", "home", "--cases", str(tmp_path / "cases.json")]) == 2
+    assert "fix:" in capsys.readouterr().err
+
+
+def test_a_nonsense_limit_is_a_usage_error_before_any_model_loads(capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli(["-c", "configs/small.toml", "bench", "home", "--limit", "0"])
+    assert caught.value.code == 2 and "--limit: 0 is below 1" in capsys.readouterr().err
+
+
+def test_default_cases_path_is_inside_the_repository():
+    assert DEFAULT_CASES.is_relative_to(Path(__file__).resolve().parent.parent)
