@@ -4,15 +4,18 @@ Assistant's sentences and stay on the device list, and a real run writes one hon
 from __future__ import annotations
 
 import copy
+import functools
 import json
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from voice.app.cli import main as cli
-from voice.bench.home import DEFAULT_CASES, CaseFileError, Result, load_cases, parse_cases, published_actions
-from voice.bench.home_cases import generate
 from voice.events import ActionRequested
+from voice.home_casefile import DEFAULT_CASES, CaseFileError, Result, load_cases, parse_cases, published_actions
 
 GOOD = {
     "devices": [
@@ -86,6 +89,15 @@ def test_an_unreadable_or_non_json_file_is_a_clear_error(tmp_path):
     (tmp_path / "bad.json").write_text("{devices: []")
     with pytest.raises(CaseFileError, match="not JSON .*fix:"):
         load_cases(tmp_path / "bad.json")
+
+
+@functools.cache
+def generate() -> dict:
+    """The generator's output, through its command (tests never import benchmark code)."""
+    with tempfile.TemporaryDirectory() as folder:
+        out = Path(folder) / "cases.json"
+        subprocess.run([sys.executable, "-m", "voice.bench.home_cases", "--out", str(out)], check=True, timeout=300)
+        return json.loads(out.read_text())
 
 
 def test_the_generator_covers_every_intent_with_actions_on_the_device_list():

@@ -1,0 +1,201 @@
+"""The home case file: a home's devices (its allow-list) and spoken requests with the action each one expects.
+
+The format is kept stable because others feed `specvoice bench home` their own files (``state_topic`` and
+``area`` optional; a case may set ``"state": {"<state_topic>": "<value>"}`` to publish before it is asked)::
+
+    {"devices": [{"name": "kitchen light", "topic": "home/kitchen/light/set", "payloads": ["ON", "OFF"]}, ...],
+     "cases": [{"say": "turn on the kitchen light", "expect": {"topic": "home/kitchen/light/set", "payload": "ON"}},
+               {"say": "what's the weather like", "expect": null}, ...]}
+
+It lives in the library, not in the benchmark, because a case file is the user's data: loading it checks every
+entry and names the fix, and scoring a reply (published, refused, consistent) is the rule the tests hold too.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from voice.dialog.actions import REFUSED_SPEECH, check_allowed
+from voice.events import ActionRequested
+
+DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
+FIX_FORMAT = "see the format in `specvoice bench home --help`"
+
+
+class CaseFileError(ValueError):
+    """A case file that cannot be used; the message names the file, the entry and the fix."""
+
+
+@dataclass
+class Device:
+    name: str
+    topic: str  # the command topic: what an action publishes to
+    payloads: list[str]
+    area: str | None = None
+    state_topic: str | None = None
+
+
+@dataclass
+class Case:
+    say: str
+    expect: dict[str, str] | None  # {"topic", "payload"}; None: no action is wanted
+    intent: str = "other"
+    state: dict[str, str] = field(default_factory=dict)  # state_topic -> value at the time of asking
+
+
+@dataclass
+class CaseFile:
+    devices: list[Device]
+    cases: list[Case]
+
+    @property
+    def allowed(self) -> dict[str, list[str]]:
+        """The allow-list the devices make: topic -> payloads."""
+        return {d.topic: list(d.payloads) for d in self.devices}
+
+
+def _string(value: Any, where: str, fix: str) -> str:
+    if not isinstance(value, str) or not value.strip():
+        raise CaseFileError(f"{where} must be a non-empty string, not {value!r}; fix: {fix}")
+    return value
+
+
+def _object(value: Any, where: str, keys: set[str], required: set[str], fix: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise CaseFileError(f"{where} must be a JSON object, not {type(value).__name__}; fix: {fix}")
+    if unknown := set(value) - keys:
+        raise CaseFileError(f"{where} has unknown key(s) {sorted(unknown)}; fix: use only {sorted(keys)}")
+    if missing := required - set(value):
+        raise CaseFileError(f"{where} lacks {sorted(missing)}; fix: {fix}")
+    return value
+
+
+def parse_cases(data: Any, source: str = "case file") -> CaseFile:
+    """Check a case file's content and return it as dataclasses; CaseFileError says what is wrong and how to fix."""
+    top = _object(data, source, {"devices", "cases"}, {"devices", "cases"}, f"give both lists; {FIX_FORMAT}")
+    if not isinstance(top["devices"], list) or not top["devices"]:
+        raise CaseFileError(f"{source}: 'devices' must be a non-empty list; fix: list the devices the home has")
+    if not isinstance(top["cases"], list) or not top["cases"]:
+        raise CaseFileError(f"{source}: 'cases' must be a non-empty list; fix: add cases, {FIX_FORMAT}")
+    devices: list[Device] = []
+    for i, raw in enumerate(top["devices"]):
+        where = f"{source}: devices[{i}]"
+        d = _object(
+            raw,
+            where,
+            {"name", "topic", "payloads", "area", "state_topic"},
+            {"name", "topic", "payloads"},
+            "give name, topic and payloads, e.g. "
+            '{"name": "kitchen light", "topic": "home/kitchen/light/set", "payloads": ["ON", "OFF"]}',
+        )
+        payloads = d["payloads"]
+        if not isinstance(payloads, list) or not all(isinstance(p, str) for p in payloads):
+            raise CaseFileError(f'{where}: \'payloads\' must be a list of strings; fix: e.g. ["ON", "OFF"]')
+        device = Device(
+            _string(d["name"], f"{where}.name", "name the device as a user would, e.g. 'kitchen light'"),
+            _string(d["topic"], f"{where}.topic", "give the device's command topic"),
+            list(payloads),
+            _string(d["area"], f"{where}.area", "name the room or leave 'area' out") if "area" in d else None,
+            _string(d["state_topic"], f"{where}.state_topic", "give the state topic or leave it out")
+            if "state_topic" in d
+            else None,
+        )
+        if any(other.topic == device.topic for other in devices):
+            raise CaseFileError(f"{where}: topic {device.topic!r} is listed twice; fix: one device per topic")
+        devices.append(device)
+    try:
+        check_allowed({d.topic: d.payloads for d in devices})
+    except ValueError as exc:
+        raise CaseFileError(f"{source}: devices: {exc}") from None
+    by_topic = {d.topic: d for d in devices}
+    state_topics = {d.state_topic for d in devices if d.state_topic}
+    cases: list[Case] = []
+    for i, raw in enumerate(top["cases"]):
+        where = f"{source}: cases[{i}]"
+        c = _object(
+            raw,
+            where,
+            {"say", "expect", "intent", "state"},
+            {"say", "expect"},
+            'give "say" and "expect" (null when no action is wanted)',
+        )
+        expect = c["expect"]
+        if expect is not None:
+            e = _object(
+                expect, f"{where}.expect", {"topic", "payload"}, {"topic", "payload"}, "give topic and payload, or null"
+            )
+            if e["topic"] not in by_topic:
+                raise CaseFileError(
+                    f"{where}.expect: topic {e['topic']!r} is no device's topic; fix: add the device to 'devices' "
+                    "or expect null (a device not on the list must not be switched)"
+                )
+            if e["payload"] not in by_topic[e["topic"]].payloads:
+                raise CaseFileError(
+                    f"{where}.expect: payload {e['payload']!r} is not one of {by_topic[e['topic']].payloads} for "
+                    f"{e['topic']!r}; fix: use one of them or add it to the device's payloads"
+                )
+            expect = {"topic": e["topic"], "payload": e["payload"]}
+        state = c.get("state", {})
+        if not isinstance(state, dict) or not all(isinstance(v, str) for v in state.values()):
+            raise CaseFileError(f'{where}.state must map state topics to strings; fix: e.g. {{"<state_topic>": "ON"}}')
+        if unknown := set(state) - state_topics:
+            raise CaseFileError(
+                f"{where}.state: {sorted(unknown)} is no device's state_topic; fix: give the device a state_topic"
+            )
+        intent = _string(c["intent"], f"{where}.intent", "name the intent or leave it out") if "intent" in c else None
+        cases.append(
+            Case(_string(c["say"], f"{where}.say", "write what the user says"), expect, intent or "other", state)
+        )
+    return CaseFile(devices, cases)
+
+
+def load_cases(path: str | Path) -> CaseFile:
+    """Read and check a case file (JSON)."""
+    try:
+        text = Path(path).read_text()
+    except OSError as exc:
+        raise CaseFileError(f"cannot read case file {path}: {exc.strerror}; fix: give an existing file") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise CaseFileError(f"{path}: not JSON ({exc}); fix: {FIX_FORMAT}") from None
+    return parse_cases(data, str(path))
+
+
+@dataclass
+class Result:
+    """One case's outcome: the JSON record of ``--json`` (``refused``: requests the allow-list turned down)."""
+
+    say: str
+    expect: dict[str, str] | None
+    intent: str
+    published: list[dict[str, str]]
+    refused: list[dict[str, str]]
+    reply: str
+    spoken: bool
+    transcript: str | None = None  # what the listener heard (spoken runs)
+    state: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def right(self) -> bool:
+        """Exactly the expected action was published (for a no-action case: nothing was)."""
+        return self.published == ([self.expect] if self.expect else [])
+
+    @property
+    def consistent(self) -> bool:
+        """The words match the deed: the refusal is said when a request was refused, and not when all was done."""
+        said_refusal = REFUSED_SPEECH.strip().casefold() in self.reply.casefold()
+        return said_refusal if self.refused else not (self.published and said_refusal)
+
+
+def published_actions(requests: list[ActionRequested], allowed: dict[str, list[str]]) -> list[dict[str, str]]:
+    """What the MQTT bridge would publish: allowed requests that pass its own allow-list check again."""
+    return [
+        {"topic": r.topic, "payload": r.payload}
+        for r in requests
+        if r.allowed and r.payload in allowed.get(r.topic, [])
+    ]
