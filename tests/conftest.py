@@ -14,6 +14,13 @@ for _name, _value in DETERMINISTIC_TTS.items():
     os.environ.setdefault(_name, _value)
 
 import pytest  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+
+# Property tests run the same examples every time (a red CI run means the change, not the draw); set
+# HYPOTHESIS_PROFILE=explore to search fresh examples while working on a parser.
+hypothesis_settings.register_profile("repeatable", derandomize=True, database=None)
+hypothesis_settings.register_profile("explore", derandomize=False)
+hypothesis_settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 from voice.config import load_config  # noqa: E402
 
