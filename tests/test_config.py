@@ -80,6 +80,8 @@ def test_env_and_flag_overrides_in_order():
 def test_bad_env_override_is_named():
     with pytest.raises(ConfigError, match=r"SPECVOICE_LLM__TEMPERATURE"):
         load_config(ROOT / "configs/small.toml", environ={"SPECVOICE_LLM__TEMPERATURE": "hot"})
+    with pytest.raises(ConfigError, match=r"SPECVOICE_TTS__NOISE_SCALE"):
+        load_config(ROOT / "configs/small.toml", environ={"SPECVOICE_TTS__NOISE_SCALE": "-1"})
 
 
 def cli(*args, env=None):
@@ -135,6 +137,8 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ('[dialog]\nearly_reply = "maybe"\n', "dialog.early_reply"),
         ("[stt]\nwindow_s = 45\n", "stt.window_s"),
         ('[stt]\nwindow_s = "fitted"\n', "stt.window_s"),
+        ("[tts]\nnoise_scale = -0.1\n", "tts.noise_scale"),
+        ('[tts]\nnoise_w_scale = "calm"\n', "tts.noise_w_scale"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
