@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from llm.cache import CachedLM, common_prefix
+from llm.huge_pages import HugePages, anonymous_mappings, collapse_new
 
 log = logging.getLogger("specvoice.llm")
 
@@ -125,13 +126,17 @@ class GgufModel:
     context_limit: int
     batch: int  # most tokens one llama_decode takes (a longer feed is split)
     spare: list[Any] = field(default_factory=list)  # contexts given back, emptied, for the next cache to take
+    huge: HugePages = field(default_factory=HugePages)  # what llm.huge_pages did for the weights
 
     @classmethod
-    def load(cls, location: str | Path, *, threads: int | None, context_limit: int, batch: int) -> GgufModel:
+    def load(
+        cls, location: str | Path, *, threads: int | None, context_limit: int, batch: int, huge_pages: bool = True
+    ) -> GgufModel:
         lib = _llama_cpp()
         path = gguf_file(location)
         params = lib.llama_model_default_params()
         params.load_mode = lib.LLAMA_LOAD_MODE_NONE  # read into RAM, no live mmap: see the module docstring
+        before = anonymous_mappings()
         model = lib.llama_model_load_from_file(str(path).encode(), params)
         if not model:
             raise LlamaCppError(
@@ -140,7 +145,15 @@ class GgufModel:
                 "the file"
             )
         vocab = lib.llama_model_get_vocab(model)
-        return cls(path, model, vocab, lib.llama_vocab_n_tokens(vocab), check_threads(threads), context_limit, batch)
+        loaded = cls(path, model, vocab, lib.llama_vocab_n_tokens(vocab), check_threads(threads), context_limit, batch)
+        if huge_pages:
+            loaded.huge = collapse_new(before)
+            log.debug(
+                "huge pages",
+                extra={"model": path.name, "mb": loaded.huge.bytes >> 20, "seconds": round(loaded.huge.seconds, 2)}
+                | ({"why_not": loaded.huge.why_not} if loaded.huge.why_not else {}),
+            )
+        return loaded
 
     def is_end_of_generation(self, token: int) -> bool:
         return bool(_llama_cpp().llama_vocab_is_eog(self.vocab, token))

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import statistics
 import time
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -96,7 +97,12 @@ class LlamaCppEngine(Engine):
         self.vocab_size, self.draft_out_ids = target.n_vocab, None
         eog = {i for i in tokenizer.added_tokens_decoder if target.is_end_of_generation(i)}
         self._setup(tokenizer, mode, context_limit, settings, eog | {tokenizer.eos_token_id} - {None})
-        self.info = {"engine": "llama.cpp", "threads": target.threads, "target": str(target.path)}
+        self.info = {
+            "engine": "llama.cpp",
+            "threads": target.threads,
+            "target": str(target.path),
+            "huge_pages_mb": target.huge.bytes >> 20,
+        }
 
     @classmethod
     def from_config(
@@ -109,6 +115,7 @@ class LlamaCppEngine(Engine):
             mode=load.mode,
             threads=load.threads,
             context_limit=load.context_limit,
+            huge_pages=load.huge_pages,
             settings=DecodeSettings.from_config(llm),
             keep_draft=keep_draft,
         )
@@ -122,6 +129,7 @@ class LlamaCppEngine(Engine):
         mode: Mode = LOAD.mode,
         threads: int | None = LOAD.threads,
         context_limit: int = LOAD.context_limit,
+        huge_pages: bool = LOAD.huge_pages,
         settings: DecodeSettings | None = None,
         calibrate: bool = True,
         keep_draft: bool = False,
@@ -139,10 +147,9 @@ class LlamaCppEngine(Engine):
         # per decoded token here than 128 (0.9 ms of 36), at a larger compute buffer per cache (306 vs 76 MB)
         batch = max(settings.prefill_chunk, settings.max_draft_length + 1, LLAMA_CPP_BATCH)
         started = time.monotonic()
-        target_model = GgufModel.load(target, threads=threads, context_limit=context_limit, batch=batch)
-        draft_model = None
-        if mode == "draft" and draft:
-            draft_model = GgufModel.load(draft, threads=threads, context_limit=context_limit, batch=batch)
+        load = partial(GgufModel.load, threads=threads, context_limit=context_limit, batch=batch, huge_pages=huge_pages)
+        target_model = load(target)
+        draft_model = load(draft) if mode == "draft" and draft else None
         engine = cls(target_model, tokenizer, draft_model, mode=mode, context_limit=context_limit, settings=settings)
         log.info(
             "llm loaded",

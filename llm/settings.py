@@ -117,6 +117,7 @@ class LoadSettings:
     target_quantize: TargetQuantize = "none"
     draft_vocab: int | None = None  # rows of the draft's reduced head; None: the full vocabulary
     context_limit: int = 4096  # the longest prompt + reply, in tokens
+    huge_pages: bool = True  # llama.cpp: the weights in huge pages after the load (llm/huge_pages.py)
     compile: Compile = "off"  # torch.compile the decode step (see Engine)
     compile_mode: str = "default"
     static_cache: int = 0  # positions of a preallocated cache (CUDA graphs); 0: a growing cache

@@ -93,6 +93,11 @@ class LLMConfig(_Section):
     top_p: float = Field(_DECODE.top_p, gt=0.0, le=1.0)
     seed: int | None = _DECODE.seed
     context_limit: int = Field(_LOAD.context_limit, ge=64)
+    huge_pages: bool = Field(
+        _LOAD.huge_pages,
+        description="llama.cpp: move the weights into huge pages after the load (Linux; ~3 s a GB, then ~10% "
+        "faster decoding); off, or where the kernel cannot, they stay in small pages",
+    )
     prefill_chunk: int = Field(
         _DECODE.prefill_chunk, ge=0, description="prompt tokens per prefill pass (a cancel lands within one)"
     )
