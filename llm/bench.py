@@ -277,6 +277,8 @@ def main(argv: list[str], *, target: str, draft: str | None, settings: dict[str,
     calibration = engine.info.get("calibration")
     if calibration:
         print(f"calibration on this device: {json.dumps(calibration)}")
+    if "huge_pages_mb" in engine.info:  # llama.cpp: its own loop below keeps the small pages it loads into
+        print(f"our engine's target weights in huge pages: {engine.info['huge_pages_mb']} MB (llm.huge_pages)")
     hf_draft = None
     if draft and not args.no_hf and load.engine_kind != "llama.cpp":
         hf_draft, _ = load_causal_lm(draft, device=load.device, dtype=load.dtype)

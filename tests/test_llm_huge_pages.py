@@ -53,4 +53,3 @@ def test_a_loaded_gguf_is_in_huge_pages_and_decodes_the_same_tokens():
 
 def test_nothing_new_to_collapse_says_so():
     assert collapse_new(anonymous_mappings()).why_not == "no new mapping found"
-
