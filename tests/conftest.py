@@ -37,6 +37,7 @@ def small_config():
 # it needs a broker (mosquitto), a browser, the default (big) models or a running server; a test in SLOW_TESTS runs
 # real decodes over many turns, a subprocess per case or a long audio set (each took over 5 s on the 2-core machine).
 FULL_ONLY_MODULES = {
+    "test_bench_pipeline",
     "test_home_device",
     "test_llm_big",
     "test_llm_decoder",

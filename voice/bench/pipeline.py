@@ -8,6 +8,8 @@ import argparse
 import asyncio
 import json
 import platform
+import subprocess
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -56,7 +58,22 @@ async def bench(config, argv: list[str]) -> int:
     p.add_argument("--questions", type=positive, default=len(QUESTIONS))
     p.add_argument("--rounds", type=positive, default=1)
     p.add_argument("--json", default="bench-results/pipeline.json")
+    p.add_argument(
+        "--busy",
+        action="store_true",
+        help="keep one CPU core busy with another process (a spinning Python) for the whole run",
+    )
     args = p.parse_args(argv)
+    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"]) if args.busy else None
+    try:
+        return await _run(config, args)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+async def _run(config, args: argparse.Namespace) -> int:
     assistant = await Assistant.load(config)
     modes = {"speculative": assistant.decode_settings(), "target alone": assistant.decode_settings(mode="target")}
     import tempfile
@@ -85,6 +102,7 @@ async def bench(config, argv: list[str]) -> int:
                         "transcript": done.transcript,
                         "reply": done.reply,
                         "early_reply": bool(done.trace.get("early_reply")),
+                        "early_replies": dict(session.early_replies),  # started and adopted (the rest dropped)
                         "end_of_turn": done.trace.get("end_of_turn"),
                         "tokens_per_s": decoder.get("tokens_per_s"),
                         "ttft_s": decoder.get("ttft_s"),
@@ -96,7 +114,7 @@ async def bench(config, argv: list[str]) -> int:
     }
     print(
         f"\nvoice pipeline, {config.models.target} (+{config.models.draft or config.llm.mode}), "
-        f"{len(rows['speculative'])} turns per mode; ms"
+        f"{len(rows['speculative'])} turns per mode{', one core kept busy' if args.busy else ''}; ms"
     )
     print(f"{'stage':18s}" + "".join(f"{m + ' p50':>20s}{'p95':>8s}" for m in modes))
     for stage in STAGES:
@@ -106,9 +124,11 @@ async def bench(config, argv: list[str]) -> int:
         )
         print(f"{stage:18s}{cells}")
     for mode, rs in rows.items():
+        started = sum(r["early_replies"]["started"] for r in rs)
+        adopted = sum(r["early_replies"]["adopted"] for r in rs)
         print(
-            f"{mode}: {sum(r['early_reply'] for r in rs)} of {len(rs)} replies started early (on the pause "
-            f"transcript, before the endpoint)"
+            f"{mode}: early replies (on the pause transcript, before the endpoint): {started} started, "
+            f"{adopted} adopted, {started - adopted} dropped, in {len(rs)} turns"
         )
         ends = [f"{(r['end_of_turn'] or {}).get('rule')}/{(r['end_of_turn'] or {}).get('reason')}" for r in rs]
         print(f"{mode}: turns ended by " + ", ".join(f"{e} x{ends.count(e)}" for e in sorted(set(ends))))
@@ -122,6 +142,7 @@ async def bench(config, argv: list[str]) -> int:
             {
                 "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "machine": platform.processor() or platform.machine(),
+                "busy_core": args.busy,
                 "config": {
                     "target": config.models.target,
                     "draft": config.models.draft,
