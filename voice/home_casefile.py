@@ -179,6 +179,11 @@ class Result:
     transcript: str | None = None  # what the listener heard (spoken runs)
     state: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    state_right: bool | None = None  # a question about state: the reply says the state it was given
+
+    def __post_init__(self) -> None:
+        if self.state_right is None and self.state and not self.expect:
+            self.state_right = state_answered(self.state, self.reply)
 
     @property
     def right(self) -> bool:
@@ -190,6 +195,24 @@ class Result:
         """The words match the deed: the refusal is said when a request was refused, and not when all was done."""
         said_refusal = REFUSED_SPEECH.strip().casefold() in self.reply.casefold()
         return said_refusal if self.refused else not (self.published and said_refusal)
+
+
+OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
+
+
+def state_answered(state: dict[str, str], reply: str) -> bool | None:
+    """Does the reply say the state it was given? Of a state value and its opposite ("open"/"closed",
+    "on"/"off"), the first one the reply says must be the value, for every device in ``state``; None when a
+    value has no known opposite (the case cannot be scored this way)."""
+    said = [w.strip(".,!?;:\"'") for w in reply.casefold().split()]
+    for value in state.values():
+        value = value.casefold()
+        if value not in OPPOSITE:
+            return None
+        first = next((w for w in said if w in (value, OPPOSITE[value])), None)
+        if first != value:
+            return False
+    return True
 
 
 def published_actions(requests: list[ActionRequested], allowed: dict[str, list[str]]) -> list[dict[str, str]]:
