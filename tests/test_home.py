@@ -111,7 +111,11 @@ def test_a_question_about_state_never_acts(tmp_path):
 def test_state_is_shown_with_a_question_only(tmp_path):
     home = load(tmp_path)
     assert home.set_state("home/garage/door/state", " open\n") and not home.set_state("home/other/state", "x")
-    assert home.annotate("is the garage door open") == "is the garage door open\n(state now: garage door = open)"
+    assert home.annotate("is the garage door open") == (
+        "is the garage door open\n(state now: garage door = open; so the answer is yes)"
+    )
+    assert home.annotate("Is the garage door closed?").endswith("(state now: garage door = open; so the answer is no)")
+    assert home.annotate("is the garage door open or closed").endswith("(state now: garage door = open)")
     assert home.annotate("open the garage door") == "open the garage door"
     # a kind without a place: every such device with a state topic; nothing heard yet is said as unknown
     assert home.annotate("which lights are on?").endswith("(state now: kitchen light = unknown)")

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
+from voice.dialog.home import OPPOSITE
 from voice.events import ActionRequested
 
 DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
@@ -183,7 +184,7 @@ class Result:
 
     def __post_init__(self) -> None:
         if self.state_right is None and self.state and not self.expect:
-            self.state_right = state_answered(self.state, self.reply)
+            self.state_right = state_answered(self.state, self.reply, self.say)
 
     @property
     def right(self) -> bool:
@@ -197,14 +198,13 @@ class Result:
         return said_refusal if self.refused else not (self.published and said_refusal)
 
 
-OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
-
-
-def state_answered(state: dict[str, str], reply: str) -> bool | None:
+def state_answered(state: dict[str, str], reply: str, question: str = "") -> bool | None:
     """Does the reply say the state it was given? Of a state value and its opposite ("open"/"closed",
-    "on"/"off"), the first one the reply says must be the value, for every device in ``state``; None when a
-    value has no known opposite (the case cannot be scored this way)."""
-    said = [w.strip(".,!?;:\"'") for w in reply.casefold().split()]
+    "on"/"off"), the first one the reply says must be the value, for every device in ``state``; and a reply
+    that opens with "yes" or "no" must be right about the state the question names ("is it closed?" with the
+    door open: "no"). None when a value has no known opposite (the case cannot be scored this way)."""
+    said = _plain_words(reply)
+    asked = [w for w in _plain_words(question) if w in OPPOSITE]
     for value in state.values():
         value = value.casefold()
         if value not in OPPOSITE:
@@ -212,7 +212,13 @@ def state_answered(state: dict[str, str], reply: str) -> bool | None:
         first = next((w for w in said if w in (value, OPPOSITE[value])), None)
         if first != value:
             return False
+        if asked and said and said[0] in ("yes", "no") and (said[0] == "yes") != (asked[-1] == value):
+            return False
     return True
+
+
+def _plain_words(text: str) -> list[str]:
+    return [w.strip(".,!?;:\"'") for w in text.casefold().split()]
 
 
 def published_actions(requests: list[ActionRequested], allowed: dict[str, list[str]]) -> list[dict[str, str]]:

@@ -30,6 +30,7 @@ _QUESTION_OPENERS = frozenset(
 )
 _STATE_WORDS = frozenset({"status", "state"})
 _TOKEN = re.compile(r"[a-z0-9]+")
+OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
 
 
@@ -125,8 +126,8 @@ class Home:
             lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in self.extra.items() for p in payloads]
         lines += [
             f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
-            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}) -> you: "No, the '
-            f'{first.name} is {off.lower()}."',
+            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
+            f'-> you: "No, the {first.name} is {off.lower()}."',
         ]
         return "\n".join(lines)
 
@@ -145,8 +146,9 @@ class Home:
             shown = [d for d in self.devices if d.state_topic and d.kind in heard]
         if not shown:
             return text
-        known = ", ".join(f"{d.name} = {self.states.get(d.state_topic or '', UNKNOWN)}" for d in shown)
-        return f"{text}\n(state now: {known})"
+        values = [self.states.get(d.state_topic or "", UNKNOWN) for d in shown]
+        known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
+        return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
 
     def grounding(self, heard: str) -> Callable[[str, str], str | None]:
         """A check for ActionParser: None when the user's words ask for this action, else why not."""
@@ -171,6 +173,18 @@ class Home:
             return False
         self.states[state_topic] = value.strip()
         return True
+
+
+def _yes_or_no(question: str, values: list[str]) -> str:
+    """For a yes/no question about one device's state ("is the garage door closed?"), the answer the state
+    gives: measured, the small model opened with "Yes" whatever the state it was shown. "" when the question
+    names no single state (or both, "open or closed") or the state is not one of a known pair."""
+    if len(values) != 1 or (value := values[0].casefold()) not in OPPOSITE:
+        return ""
+    named = {w for w in words(question)} & {value, OPPOSITE[value]}
+    if len(named) != 1:
+        return ""
+    return "; so the answer is yes" if named == {value} else "; so the answer is no"
 
 
 def _by_area(devices: Iterable[HomeDevice]) -> list[tuple[str, list[HomeDevice]]]:
