@@ -59,7 +59,7 @@ def load(tmp_path: Path, text: str = DEVICES) -> Home:
 
 
 def reply(home: Home, heard: str, text: str) -> tuple[str, list[tuple[str, str, bool]]]:
-    parser = ActionParser(home.allowed, home.grounding(heard))
+    parser = ActionParser(home.allowed, home.grounding(heard), once_per_topic=True)
     spoken = parser.push(text) + parser.flush()
     return spoken, [(r.topic, r.payload, r.allowed) for r in parser.requests]
 

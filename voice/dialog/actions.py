@@ -9,7 +9,8 @@ Nothing the model writes is trusted: a request is ``allowed`` only when its topi
 (``mqtt.allowed_actions``) and its payload is one of that topic's payloads. The payload published is the
 allow-list's own spelling (the model may write ``on`` for ``ON``). With named devices (``mqtt.devices``) an
 allowed request must also be one the user's words asked for (``ground``), and a device gets one command per
-reply: later ones for the same topic are dropped. Everything else is refused with a reason.
+reply (``once_per_topic``; measured, the model copied the prompt's list: ON, OFF, 10, 25 for one light): later
+ones for the same topic are dropped. Everything else is refused with a reason.
 
 After a refused marker the rest of the reply is not spoken: small models confirm what they asked for
 ("Done, the front door is unlocked") whether or not it happened. The user hears ``REFUSED_SPEECH`` instead.
@@ -79,10 +80,13 @@ class ActionParser:
     until it is decided, and a marker body is collected until its closing ``]``.
     """
 
-    def __init__(self, allowed: dict[str, list[str]], ground: Grounding | None = None) -> None:
+    def __init__(
+        self, allowed: dict[str, list[str]], ground: Grounding | None = None, *, once_per_topic: bool = False
+    ) -> None:
         check_allowed(allowed)
         self.allowed = {topic: list(payloads) for topic, payloads in allowed.items()}
         self.ground = ground  # the user's words must ask for an allowed action too (voice/dialog/home.py)
+        self.once_per_topic = once_per_topic  # named devices: a device gets the reply's first command only
         self.duplicates = 0  # further commands for a topic already commanded in this reply: dropped
         self.requests: list[ActionRequested] = []
         self._held = ""  # "[" plus the keyword characters matched so far
@@ -151,7 +155,7 @@ class ActionParser:
             return
         for allowed in self.allowed[topic]:
             if payload.casefold() == allowed.casefold():
-                if any(r.topic == topic for r in self.requests):  # one command per device per reply: the first
+                if self.once_per_topic and any(r.topic == topic for r in self.requests):
                     self.duplicates += 1
                     return
                 why_not = self.ground(topic, allowed) if self.ground is not None else None

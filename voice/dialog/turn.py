@@ -256,7 +256,11 @@ class Turn:
                 return None
             self.text = text
         ground = ctx.home.grounding(self.text) if ctx.home is not None and self.text else None
-        parser = ActionParser(ctx.allowed_actions, ground) if ctx.allowed_actions and self._commits else None
+        parser = (
+            ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None)
+            if ctx.allowed_actions and self._commits
+            else None
+        )
         tools = ctx.tools if self._commits else None  # declared: their calls are not spoken
         self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
         sink = ctx.sink if self.speak else None
