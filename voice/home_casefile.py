@@ -203,15 +203,16 @@ def state_answered(state: dict[str, str], reply: str, question: str = "") -> boo
     "on"/"off"), the first one the reply says must be the value, for every device in ``state``; and a reply
     that opens with "yes" or "no" must be right about the state the question names ("is it closed?" with the
     door open: "no"). None when a value has no known opposite (the case cannot be scored this way)."""
-    said = _plain_words(reply)
-    asked = [w for w in _plain_words(question) if w in OPPOSITE]
+    said, heard = _plain_words(reply), _plain_words(question)
     for value in state.values():
         value = value.casefold()
         if value not in OPPOSITE:
             return None
-        first = next((w for w in said if w in (value, OPPOSITE[value])), None)
+        pair = (value, OPPOSITE[value])  # only this pair: "on" in "is the blind closed on my landing" is no state
+        first = next((w for w in said if w in pair), None)
         if first != value:
             return False
+        asked = [w for w in heard if w in pair]
         if asked and said and said[0] in ("yes", "no") and (said[0] == "yes") != (asked[-1] == value):
             return False
     return True
