@@ -94,6 +94,7 @@ class Session:
         else:
             self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
             base = cfg.dialog.system_prompt
+        self._base_prompt = base  # the configured prompt, less what the home prompt says itself
         self.conversation = assistant.engine.conversation(
             (base + self._actions_prompt).strip(), cfg.dialog.history_tokens
         )
@@ -353,7 +354,7 @@ class Session:
         """The system prompt from now on (a websocket client's ``instructions``; None: the configured one). The
         home-action commands stay appended: they are the only way the model knows them. The caches keep what
         still matches, and the new prompt is prefilled now if the session is idle."""
-        prompt = (self.config.dialog.system_prompt if text is None else text) + self._actions_prompt
+        prompt = ((self._base_prompt if text is None else text) + self._actions_prompt).strip()
         messages = self.conversation.messages
         if self._system is None or not any(m is self._system for m in messages):
             self._system = {"role": "system", "content": prompt}
