@@ -94,6 +94,12 @@ def test_an_area_and_a_kind_name_every_such_device_there(tmp_path):
     assert requests == [(KITCHEN, "OFF", True), (COUNTER, "OFF", True)]
 
 
+def test_one_device_named_in_full_does_not_name_its_neighbours_of_the_same_kind(tmp_path):
+    home = load(tmp_path)
+    spoken, requests = reply(home, "activate the kitchen light lamp", f"[ACTION {COUNTER} ON][ACTION {KITCHEN} ON]")
+    assert spoken == REFUSED_SPEECH and requests == [(COUNTER, "ON", False), (KITCHEN, "ON", True)]
+
+
 def test_an_action_on_a_device_the_user_did_not_name_is_refused_and_said(tmp_path):
     home = load(tmp_path)
     spoken, requests = reply(home, "turn off the nursery lamp", f"[ACTION {BEDROOM} OFF] Done, it is off.")

@@ -39,6 +39,12 @@ def words(text: str) -> list[str]:
     return [_singular(w) for w in _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))]
 
 
+def plurals(text: str) -> set[str]:
+    """The words said in the plural, in their singular form ("turn off the lights" -> {"light"})."""
+    raw = _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))
+    return {_singular(w) for w in raw if _singular(w) != w}
+
+
 def _singular(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
@@ -58,11 +64,13 @@ class HomeDevice:
         """The last word of the name ("light" for "counter lights"): what "the lights in the kitchen" matches."""
         return words(self.name)[-1]
 
-    def named_in(self, heard: set[str]) -> bool:
-        """The words name this device: all of its name's words, or all of its area's words and its kind."""
+    def named_in(self, heard: set[str], plurals: set[str]) -> bool:
+        """The words name this device: all of its name's words, or all of its area's words and its kind said in
+        the plural ("the lights in the kitchen"). Only the plural: "the kitchen light lamp" names the kitchen
+        light, not the kitchen's counter lights (measured: the model switched those too)."""
         if set(words(self.name)) <= heard:
             return True
-        return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in heard
+        return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
 
 
 def asks_state(text: str) -> bool:
@@ -132,8 +140,8 @@ class Home:
         return "\n".join(lines)
 
     def named(self, text: str) -> list[HomeDevice]:
-        heard = set(words(text))
-        return [d for d in self.devices if d.named_in(heard)]
+        heard, many = set(words(text)), plurals(text)
+        return [d for d in self.devices if d.named_in(heard, many)]
 
     def annotate(self, text: str) -> str:
         """The user's words as the model sees them: with the state of the devices asked about when the words ask
