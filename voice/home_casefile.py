@@ -181,6 +181,7 @@ class Result:
     state: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
     state_right: bool | None = None  # a question about state: the reply says the state it was given
+    first_token_ms: float | None = None  # from the question to the model's first token (prefill included)
 
     def __post_init__(self) -> None:
         if self.state_right is None and self.state and not self.expect:

@@ -32,6 +32,7 @@ import argparse
 import asyncio
 import json
 import platform
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
@@ -100,7 +101,15 @@ class HomeRunner:
             transcript=done.transcript if done and wav is not None else None,
             state=case.state,
             seconds=round(time.monotonic() - started, 2),
+            first_token_ms=_first_token_ms(done),
         )
+
+
+def _first_token_ms(done: TurnDone | None) -> float | None:
+    marks = done.trace.get("marks_ms", {}) if done else {}
+    if "llm_first_token" not in marks:
+        return None
+    return round(marks["llm_first_token"] - marks.get("turn_start", 0.0), 1)
 
 
 def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str, Any]:
@@ -122,6 +131,9 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
             "consistent_reply": sum(r.consistent for r in rs),
             "state_questions": sum(r.state_right is not None for r in rs),
             "state_right": sum(bool(r.state_right) for r in rs),
+            "first_token_ms_median": statistics.median(ttft)
+            if (ttft := [r.first_token_ms for r in rs if r.first_token_ms is not None])
+            else None,
         }
 
     intents = sorted({r.intent for r in results})
@@ -211,6 +223,8 @@ async def bench(config: Any, argv: list[str]) -> int:
             indent=1,
         )
     )
+    ttft = summary["text"]["total"]["first_token_ms_median"]
+    print(f"median time to first token: {ttft} ms (devices: {len(cases.devices)})")
     print(f"wrote {args.json}")
     return 0
 
