@@ -15,7 +15,15 @@ import pytest
 
 from voice.app.cli import main as cli
 from voice.events import ActionRequested
-from voice.home_casefile import DEFAULT_CASES, CaseFileError, Result, load_cases, parse_cases, published_actions
+from voice.home_casefile import (
+    DEFAULT_CASES,
+    CaseFileError,
+    Result,
+    load_cases,
+    parse_cases,
+    published_actions,
+    state_answered,
+)
 
 GOOD = {
     "devices": [
@@ -183,3 +191,14 @@ def test_a_nonsense_limit_is_a_usage_error_before_any_model_loads(capsys):
 
 def test_default_cases_path_is_inside_the_repository():
     assert DEFAULT_CASES.is_relative_to(Path(__file__).resolve().parent.parent)
+
+
+def test_a_state_answer_must_say_the_state_first_and_a_yes_or_no_must_fit_the_question():
+    door = {"home/garage/door/state": "open"}
+    assert state_answered(door, "No, the garage door is open.", "is the garage door closed?")
+    assert not state_answered(door, "Yes, the garage door is open.", "is the garage door closed?")
+    assert not state_answered(door, "The garage door is closed, not open.", "is the garage door open")
+    assert state_answered(door, "Yes, it is open.", "is the garage door open on my drive")  # "on": not its pair
+    assert state_answered({"t": "half"}, "It is half open.", "is it open") is None  # no known opposite
+    result = Result("is the garage door closed", None, "HassGetState", [], [], "No, it is open.", False, state=door)
+    assert result.state_right is True

@@ -21,7 +21,9 @@ import pytest
 from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.config import Config, MQTTConfig
+from voice.config_servers import HomeDeviceConfig
 from voice.dialog.actions import ActionParser
+from voice.dialog.home import Home as NamedHome
 from voice.events import ActionRequested
 from voice.transports.mqtt.bridge import MqttBridge
 
@@ -331,6 +333,36 @@ async def test_allowed_actions_are_published_and_others_refused(assistant, broke
         ]
         assert "not on the allow-list" in errors[0]["error"] and "'ON', 'OFF'" in errors[1]["error"]
         assert "not on this bridge's mqtt.allowed_actions" in errors[2]["error"]
+
+
+async def test_state_topics_are_followed_and_shown_to_the_model_with_a_state_question(assistant, broker):
+    """A device's retained state is kept from the moment the bridge connects, a live one replaces it, and a
+    question about state reaches the model with the state; a command does not (the prompt prefix stays)."""
+    door = HomeDeviceConfig(
+        name="garage door",
+        topic="home/garage/door/set",
+        payloads=["OPEN", "CLOSE"],
+        state_topic="home/garage/door/state",
+    )
+    config = bridge_config(assistant, broker, devices=[door])
+    saved, assistant.home = assistant.home, NamedHome.from_config(config.mqtt)  # the home a device config would give
+    try:
+        async with Home(broker, ("specvoice/#", "home/#")) as home:
+            await home.publish("home/garage/door/state", "closed", retain=True)
+            bridge = MqttBridge(config, assistant)
+            async with running(bridge):
+                await asyncio.sleep(0.5)
+                assert assistant.home.states == {"home/garage/door/state": "closed"}
+                await home.publish("home/garage/door/state", "open")
+                mark = home.mark()
+                await home.publish("specvoice/ask", json.dumps({"text": "Is the garage door open?"}))
+                await home.wait_for("specvoice/answer", since=mark, timeout=120)
+                asked = [m["content"] for m in bridge.commands.speaker.history if m["role"] == "user"]
+                assert asked == ["Is the garage door open?\n(state now: garage door = open; so the answer is yes)"]
+                assert home.texts("home/garage/door/set", mark) == []  # a question never acts
+                await home.publish("home/garage/door/state", "", retain=True)  # clear the retained state
+    finally:
+        assistant.home = saved
 
 
 def test_unsafe_or_broken_settings_are_refused_at_start(assistant, broker):

@@ -21,6 +21,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 from llm.settings import DecodeSettings
 from voice.config import Config
+from voice.dialog.home import Home
 from voice.dialog.session import Session
 from voice.events import Event, EventHandler
 from voice.hearing.endpointing import TurnModel
@@ -63,6 +64,7 @@ class Assistant:
         self._listeners: list[Callable[[str, Event], None]] = []
         self._sessions: set[Session] = set()
         self._background = Tasks()
+        self.home = Home.from_config(config.mqtt)  # named devices and their state, shared by every session
         self.memory = Trimmer()  # a closed session's memory goes back soon after (voice/memory.py)
 
     @classmethod

@@ -162,11 +162,13 @@ class LLMConfig(_Section):
         return self
 
 
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a helpful voice assistant. Answer in one to three short spoken sentences, with no lists, code or markdown."
+)
+
+
 class DialogConfig(_Section):
-    system_prompt: str = (
-        "You are a helpful voice assistant. Answer in one to three short spoken sentences, "
-        "with no lists, code or markdown."
-    )
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
     history_tokens: int = Field(HISTORY_TOKENS, ge=64, description="oldest turns are dropped beyond this")
     stt_timeout_s: float = Field(30.0, gt=0, description="no state may hang: the final transcript must come by then")
     turn_timeout_s: float = Field(120.0, gt=0, description="a whole reply (generation + speech) must end by then")

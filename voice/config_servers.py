@@ -108,6 +108,16 @@ _IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its d
 }
 
 
+class HomeDeviceConfig(_Section):
+    """A named device (``[[mqtt.devices]]``): the model sees its name and area, and may command its topic."""
+
+    name: str = Field(min_length=1, description="as a user says it, e.g. 'kitchen light'")
+    topic: str = Field(min_length=1, description="the command topic, e.g. 'home/kitchen/light/set'")
+    payloads: list[str] = Field(min_length=1, description="the allowed commands, e.g. ['ON', 'OFF']")
+    area: str | None = Field(None, description="the room, e.g. 'kitchen'")
+    state_topic: str | None = Field(None, description="where the device reports its state (read, never written)")
+
+
 class MQTTConfig(_Section):
     enabled: bool = False
     host: str = "127.0.0.1"
@@ -125,6 +135,11 @@ class MQTTConfig(_Section):
     node_id: str = Field(default_factory=host_name, description="Home Assistant node id; default: the host name")
     allowed_actions: dict[str, list[str]] = Field(
         default_factory=dict, description="topic -> allowed payloads, e.g. {'home/kitchen/light/set' = ['ON','OFF']}"
+    )
+    devices: list[HomeDeviceConfig] = Field(
+        default_factory=list,
+        description="named devices by area (the assistant's home): their topics join the allow-list, and "
+        "their state topics are followed to answer questions about state",
     )
     events: dict[str, str] = Field(
         default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
@@ -147,6 +162,14 @@ class MQTTConfig(_Section):
     max_packet_bytes: int = Field(
         256 * 1024, ge=1024, le=268_435_455, description="the broker's maximum packet size; bigger messages are skipped"
     )
+
+    @property
+    def allow_list(self) -> dict[str, list[str]]:
+        """Every command the model may ask for: ``allowed_actions`` and the devices' topics (one owner for both
+        the session's parser and the bridge's own check)."""
+        allowed = {topic: list(payloads) for topic, payloads in self.allowed_actions.items()}
+        allowed.update({d.topic: list(d.payloads) for d in self.devices})
+        return allowed
 
     @field_validator("node_id", "client_id")
     @classmethod
@@ -173,6 +196,27 @@ class MQTTConfig(_Section):
         from voice.dialog.actions import check_allowed  # late: actions imports events only, but keep config light
 
         check_allowed(self.allowed_actions)
+        seen: set[str] = set()
+        for i, device in enumerate(self.devices):
+            where = f"mqtt.devices[{i}] ({device.name!r})"
+            if device.topic in seen:
+                raise ValueError(f"{where}: topic {device.topic!r} is listed twice; fix: one device per topic")
+            seen.add(device.topic)
+            listed = self.allowed_actions.get(device.topic)
+            if listed is not None and listed != device.payloads:
+                raise ValueError(
+                    f"{where}: topic {device.topic!r} is also in mqtt.allowed_actions with other payloads; "
+                    "fix: list it in one place only"
+                )
+            try:
+                check_allowed({device.topic: device.payloads})
+            except ValueError as exc:
+                raise ValueError(f"{where}: {exc}") from None
+            if device.state_topic is not None and any(c in device.state_topic for c in "+#\0 "):
+                raise ValueError(
+                    f"{where}: state_topic {device.state_topic!r} must be a plain topic without spaces or "
+                    "wildcards (+ #); fix: name the exact topic the device reports its state on"
+                )
         for topic, template in self.events.items():
             if not topic.strip() or not template.strip():
                 raise ValueError(

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
+from voice.dialog.home import OPPOSITE
 from voice.events import ActionRequested
 
 DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
@@ -179,6 +180,12 @@ class Result:
     transcript: str | None = None  # what the listener heard (spoken runs)
     state: dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    state_right: bool | None = None  # a question about state: the reply says the state it was given
+    first_token_ms: float | None = None  # from the question to the model's first token (prefill included)
+
+    def __post_init__(self) -> None:
+        if self.state_right is None and self.state and not self.expect:
+            self.state_right = state_answered(self.state, self.reply, self.say)
 
     @property
     def right(self) -> bool:
@@ -190,6 +197,30 @@ class Result:
         """The words match the deed: the refusal is said when a request was refused, and not when all was done."""
         said_refusal = REFUSED_SPEECH.strip().casefold() in self.reply.casefold()
         return said_refusal if self.refused else not (self.published and said_refusal)
+
+
+def state_answered(state: dict[str, str], reply: str, question: str = "") -> bool | None:
+    """Does the reply say the state it was given? Of a state value and its opposite ("open"/"closed",
+    "on"/"off"), the first one the reply says must be the value, for every device in ``state``; and a reply
+    that opens with "yes" or "no" must be right about the state the question names ("is it closed?" with the
+    door open: "no"). None when a value has no known opposite (the case cannot be scored this way)."""
+    said, heard = _plain_words(reply), _plain_words(question)
+    for value in state.values():
+        value = value.casefold()
+        if value not in OPPOSITE:
+            return None
+        pair = (value, OPPOSITE[value])  # only this pair: "on" in "is the blind closed on my landing" is no state
+        first = next((w for w in said if w in pair), None)
+        if first != value:
+            return False
+        asked = [w for w in heard if w in pair]
+        if asked and said and said[0] in ("yes", "no") and (said[0] == "yes") != (asked[-1] == value):
+            return False
+    return True
+
+
+def _plain_words(text: str) -> list[str]:
+    return [w.strip(".,!?;:\"'") for w in text.casefold().split()]
 
 
 def published_actions(requests: list[ActionRequested], allowed: dict[str, list[str]]) -> list[dict[str, str]]:

@@ -43,7 +43,7 @@ def check_exposure(config: Config) -> None:
             f"server.host = {s.host!r} exposes the websocket API without a token; fix: set "
             "server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16)) or bind to 127.0.0.1"
         )
-    if config.mqtt.enabled and config.mqtt.allowed_actions and not s.token:
+    if config.mqtt.enabled and config.mqtt.allow_list and not s.token:
         raise ConfigError(
             "mqtt.allowed_actions lets the assistant switch things in the home, and the websocket API "
             "has no token; fix: set server.token (e.g. SPECVOICE_SERVER__TOKEN=$(openssl rand -hex 16))"

@@ -19,8 +19,11 @@ request was refused (and does not when the action was done). The case file forma
                {"say": "is the kitchen light on", "expect": null, "intent": "HassGetState",
                 "state": {"home/kitchen/light/state": "ON"}}, ...]}
 
-``area``, ``state_topic``, ``intent`` and ``state`` are optional. The assistant has no way yet to read a device's
-state, so ``state`` is checked and carried into the JSON but not shown to the model.
+``area``, ``state_topic``, ``intent`` and ``state`` are optional. The devices become ``mqtt.devices`` (named, by
+area: the home prompt and the grounding of voice/dialog/home.py). A case's ``state`` is put where the MQTT bridge
+keeps what it heard on the state topics before the case is asked; a question about state (no action expected)
+is scored as said right when, of the value and its opposite (on/off, open/closed), the reply says the value
+first.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import json
 import platform
+import statistics
 import tempfile
 import time
 from dataclasses import asdict
@@ -38,6 +42,7 @@ from typing import Any
 from tqdm import tqdm
 
 from voice.bench import count, positive
+from voice.config_servers import HomeDeviceConfig
 from voice.events import ActionRequested, Event, TurnDone, TurnError
 from voice.home_casefile import (
     DEFAULT_CASES,
@@ -71,6 +76,9 @@ class HomeRunner:
         from voice.wavturn import run_turn
 
         forget_history(self.session)
+        if self.assistant.home is not None:  # what the MQTT bridge would have heard on the state topics
+            self.assistant.home.states.clear()
+            self.assistant.home.states.update(case.state)
         self.requests.clear()
         while not self.ended.empty():
             self.ended.get_nowait()
@@ -93,7 +101,15 @@ class HomeRunner:
             transcript=done.transcript if done and wav is not None else None,
             state=case.state,
             seconds=round(time.monotonic() - started, 2),
+            first_token_ms=_first_token_ms(done),
         )
+
+
+def _first_token_ms(done: TurnDone | None) -> float | None:
+    marks = done.trace.get("marks_ms", {}) if done else {}
+    if "llm_first_token" not in marks:
+        return None
+    return round(marks["llm_first_token"] - marks.get("turn_start", 0.0), 1)
 
 
 def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str, Any]:
@@ -113,6 +129,11 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
                 p["payload"] not in allowed.get(p["topic"], []) for r in rs for p in r.published
             ),
             "consistent_reply": sum(r.consistent for r in rs),
+            "state_questions": sum(r.state_right is not None for r in rs),
+            "state_right": sum(bool(r.state_right) for r in rs),
+            "first_token_ms_median": statistics.median(ttft)
+            if (ttft := [r.first_token_ms for r in rs if r.first_token_ms is not None])
+            else None,
         }
 
     intents = sorted({r.intent for r in results})
@@ -126,7 +147,7 @@ def _pct(part: int, whole: int) -> str:
 def print_table(summary: dict[str, Any], title: str) -> None:
     print(f"\n{title}")
     head = f"{'intent':16s}{'cases':>6s}{'right action':>14s}{'acted, none wanted':>20s}{'refused':>9s}"
-    print(head + f"{'unallowed':>11s}{'consistent':>12s}")
+    print(head + f"{'unallowed':>11s}{'consistent':>12s}{'state said':>12s}")
     rows = [*summary["per_intent"].items(), ("total", summary["total"])]
     for name, s in rows:
         print(
@@ -135,6 +156,7 @@ def print_table(summary: dict[str, Any], title: str) -> None:
             f"{_pct(s['acted_when_none_wanted'], s['no_action_cases']):>20s}"
             f"{s['refused_requests']:9d}{s['unallowed_published']:11d}"
             f"{_pct(s['consistent_reply'], s['cases']):>12s}"
+            f"{_pct(s['state_right'], s['state_questions']):>12s}"
         )
 
 
@@ -153,6 +175,11 @@ async def bench(config: Any, argv: list[str]) -> int:
     p.add_argument("--json", default="bench-results/home.json", help="write one record per case here")
     p.add_argument("--limit", type=positive, help="only the first N cases (the default file is shuffled)")
     p.add_argument("--spoken", type=count, default=0, help="also play the first N of them, spoken, to the listener")
+    p.add_argument(
+        "--ungrounded",
+        action="store_true",
+        help="measure the prompt alone: no check that the user's words asked for the action",
+    )
     args = p.parse_args(argv)
     try:
         cases = load_cases(args.cases)
@@ -161,8 +188,11 @@ async def bench(config: Any, argv: list[str]) -> int:
         return 2
     chosen = cases.cases[: args.limit]
     allowed = cases.allowed
-    mqtt = config.mqtt.model_copy(update={"allowed_actions": allowed})
+    devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in cases.devices]
+    mqtt = config.mqtt.model_copy(update={"allowed_actions": {}, "devices": devices})
     assistant = await Assistant.load(config.model_copy(update={"mqtt": mqtt}))
+    if args.ungrounded and assistant.home is not None:
+        assistant.home.grounded = False
     runner = HomeRunner(assistant, allowed)
     results: list[Result] = []
     for case in tqdm(chosen, desc="text cases", unit="case", disable=None):
@@ -193,6 +223,8 @@ async def bench(config: Any, argv: list[str]) -> int:
             indent=1,
         )
     )
+    ttft = summary["text"]["total"]["first_token_ms_median"]
+    print(f"median time to first token: {ttft} ms (devices: {len(cases.devices)})")
     print(f"wrote {args.json}")
     return 0
 

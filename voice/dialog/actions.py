@@ -7,7 +7,10 @@ holding back only the few characters that might still turn out to be a marker.
 
 Nothing the model writes is trusted: a request is ``allowed`` only when its topic is on the allow-list
 (``mqtt.allowed_actions``) and its payload is one of that topic's payloads. The payload published is the
-allow-list's own spelling (the model may write ``on`` for ``ON``). Everything else is refused with a reason.
+allow-list's own spelling (the model may write ``on`` for ``ON``). With named devices (``mqtt.devices``) an
+allowed request must also be one the user's words asked for (``ground``), and a device gets one command per
+reply (``once_per_topic``; measured, the model copied the prompt's list: ON, OFF, 10, 25 for one light): later
+ones for the same topic are dropped. Everything else is refused with a reason.
 
 After a refused marker the rest of the reply is not spoken: small models confirm what they asked for
 ("Done, the front door is unlocked") whether or not it happened. The user hears ``REFUSED_SPEECH`` instead.
@@ -15,7 +18,11 @@ After a refused marker the rest of the reply is not spoken: small models confirm
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from voice.events import ActionRequested
+
+Grounding = Callable[[str, str], "str | None"]  # (topic, payload) -> None if the user asked for it, else why not
 
 KEYWORD = "ACTION"  # the marker is "[" + KEYWORD + whitespace + body + "]" (keyword in any case)
 MAX_BODY_CHARS = 200  # a marker body longer than this is not a marker the model meant: refused
@@ -73,9 +80,14 @@ class ActionParser:
     until it is decided, and a marker body is collected until its closing ``]``.
     """
 
-    def __init__(self, allowed: dict[str, list[str]]) -> None:
+    def __init__(
+        self, allowed: dict[str, list[str]], ground: Grounding | None = None, *, once_per_topic: bool = False
+    ) -> None:
         check_allowed(allowed)
         self.allowed = {topic: list(payloads) for topic, payloads in allowed.items()}
+        self.ground = ground  # the user's words must ask for an allowed action too (voice/dialog/home.py)
+        self.once_per_topic = once_per_topic  # named devices: a device gets the reply's first command only
+        self.duplicates = 0  # further commands for a topic already commanded in this reply: dropped
         self.requests: list[ActionRequested] = []
         self._held = ""  # "[" plus the keyword characters matched so far
         self._body: str | None = None  # inside a marker: the characters after the keyword
@@ -143,6 +155,13 @@ class ActionParser:
             return
         for allowed in self.allowed[topic]:
             if payload.casefold() == allowed.casefold():
+                if self.once_per_topic and any(r.topic == topic for r in self.requests):
+                    self.duplicates += 1
+                    return
+                why_not = self.ground(topic, allowed) if self.ground is not None else None
+                if why_not is not None:
+                    self._refuse(topic, allowed, why_not, out)
+                    return
                 self.requests.append(ActionRequested(topic, allowed, True))
                 return
         choices = ", ".join(repr(p) for p in self.allowed[topic])

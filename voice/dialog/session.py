@@ -25,8 +25,9 @@ from typing import Protocol
 import numpy as np
 
 from llm.settings import DecodeSettings
-from voice.config import Config
+from voice.config import DEFAULT_SYSTEM_PROMPT, Config
 from voice.dialog.actions import action_instructions
+from voice.dialog.home import Home
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
     Event,
@@ -55,6 +56,7 @@ class Host(Protocol):
     engine: ChatEngine
     tts: SpeechSynthesizer
     stats: LatencyStats
+    home: Home | None  # the named devices and their state (mqtt.devices); None: none named
 
     @property
     def generation_lock(self) -> asyncio.Lock: ...
@@ -84,10 +86,17 @@ class Session:
         self.sink = sink
         self.state = State.IDLE
         self._on_event = on_event or (lambda event: None)
-        allowed = {topic: list(payloads) for topic, payloads in cfg.mqtt.allowed_actions.items()}
-        self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
+        allowed = cfg.mqtt.allow_list
+        self.home = assistant.home
+        if self.home is not None:  # a home prompt of its own: the generic one would say "helpful assistant" twice
+            self._actions_prompt = "\n\n" + self.home.prompt()
+            base = "" if cfg.dialog.system_prompt == DEFAULT_SYSTEM_PROMPT else cfg.dialog.system_prompt
+        else:
+            self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
+            base = cfg.dialog.system_prompt
+        self._base_prompt = base  # the configured prompt, less what the home prompt says itself
         self.conversation = assistant.engine.conversation(
-            cfg.dialog.system_prompt + self._actions_prompt, cfg.dialog.history_tokens
+            (base + self._actions_prompt).strip(), cfg.dialog.history_tokens
         )
         self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
@@ -104,6 +113,7 @@ class Session:
             turn_timeout_s=cfg.dialog.turn_timeout_s,
             stt_timeout_s=cfg.dialog.stt_timeout_s,
             allowed_actions=allowed,
+            home=self.home,
             session_id=self.id,
             warm=self._warm_idle,
         )
@@ -344,7 +354,7 @@ class Session:
         """The system prompt from now on (a websocket client's ``instructions``; None: the configured one). The
         home-action commands stay appended: they are the only way the model knows them. The caches keep what
         still matches, and the new prompt is prefilled now if the session is idle."""
-        prompt = (self.config.dialog.system_prompt if text is None else text) + self._actions_prompt
+        prompt = ((self._base_prompt if text is None else text) + self._actions_prompt).strip()
         messages = self.conversation.messages
         if self._system is None or not any(m is self._system for m in messages):
             self._system = {"role": "system", "content": prompt}

@@ -25,6 +25,7 @@ from llm.settings import DecodeSettings, Emission
 from voice import tasks
 from voice.config import TTSConfig
 from voice.dialog.actions import ActionParser
+from voice.dialog.home import Home
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import (
@@ -62,12 +63,18 @@ class TurnContext:
     turn_timeout_s: float
     stt_timeout_s: float
     allowed_actions: dict[str, list[str]]
+    home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
     tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
 
     def chunker(self) -> Chunker:
         return Chunker.from_config(self.tts_config)
+
+
+def asked(ctx: TurnContext, text: str) -> str:
+    """The user's words as the model gets them: with the state of the devices asked about, when they ask."""
+    return ctx.home.annotate(text) if ctx.home is not None and text else text
 
 
 Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
@@ -101,7 +108,7 @@ class EarlyReply:
         ctx = self.ctx
         await ctx.generation_lock.acquire()
         try:
-            stream = ctx.conversation.reply(self.text, ctx.decode, commit=False)
+            stream = ctx.conversation.reply(asked(ctx, self.text), ctx.decode, commit=False)
             try:
                 async for emission in stream:
                     self._queue.put_nowait(emission)
@@ -248,7 +255,12 @@ class Turn:
                 await self._drop_early()
                 return None
             self.text = text
-        parser = ActionParser(ctx.allowed_actions) if ctx.allowed_actions and self._commits else None
+        ground = ctx.home.grounding(self.text) if ctx.home is not None and self.text else None
+        parser = (
+            ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None)
+            if ctx.allowed_actions and self._commits
+            else None
+        )
         tools = ctx.tools if self._commits else None  # declared: their calls are not spoken
         self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
         sink = ctx.sink if self.speak else None
@@ -328,7 +340,7 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        stream = self.ctx.conversation.reply(self.text or None, self.ctx.decode, commit=False)
+        stream = self.ctx.conversation.reply(asked(self.ctx, self.text) or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
                 yield emission

@@ -87,8 +87,10 @@ class MqttBridge:
         self.sink = sink
         self.prefix = cfg.prefix.rstrip("/")
         self.topics = Topics.under(self.prefix)
-        self.allowed = {topic: list(payloads) for topic, payloads in cfg.allowed_actions.items()}
+        self.allowed = cfg.allow_list
         check_allowed(self.allowed)
+        # the devices' state topics: followed (retained values too) so that state questions have an answer
+        self.state_topics = {d.state_topic for d in cfg.devices if d.state_topic}
         for topic in self.allowed:
             if topic.startswith((self.prefix + "/", cfg.discovery_prefix + "/")):
                 raise ValueError(
@@ -211,7 +213,7 @@ class MqttBridge:
 
     async def _on_connected(self, client: aiomqtt.Client) -> None:
         t = self.topics
-        subscriptions = [t.say, t.ask, t.cancel, *self.cfg.events]
+        subscriptions = [t.say, t.ask, t.cancel, *self.cfg.events, *sorted(self.state_topics)]
         if self.cfg.discovery:
             subscriptions.append(f"{self.cfg.discovery_prefix}/status")
         granted = await client.subscribe([(topic, 1) for topic in subscriptions])
@@ -345,6 +347,10 @@ class MqttBridge:
 
     def _dispatch(self, message: aiomqtt.Message) -> None:
         topic, t = message.topic.value, self.topics
+        if topic in self.state_topics:  # a state, retained or not: kept, never acted on
+            if self.assistant.home is not None:
+                self.assistant.home.set_state(topic, decode_payload(message.payload))
+            return
         if message.retain:
             # a retained command would be replayed at every (re)connection: never act on one
             self._quiet.warning(

@@ -1,0 +1,202 @@
+"""The home the assistant runs in: named devices by area, their last known state, and the rules that keep the
+model's actions to what the user asked for.
+
+Why rules in code and not only in the prompt: the embedded model is a small *coding* model. Measured on Home
+Assistant's sentences (``specvoice bench home``) with only a prompt, it switched the device when asked about its
+state ("is the garage door open?") and copied several commands of the list into one reply. So a reply's actions
+are grounded in the user's own words here: one command per device per reply, only for a device the words name
+(its name, or its area plus its kind: "the lights in the kitchen"), and never for a question about state.
+
+The system prompt (``prompt``) depends on the devices only, never on their state: it is the cached prefix of
+every turn. The state goes into the user's message, and only when the words ask about state (``annotate``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from voice.dialog.actions import KEYWORD
+
+if TYPE_CHECKING:
+    from voice.config_servers import MQTTConfig
+
+# A sentence that opens with one of these asks something; one that opens with a request ("can you", "please",
+# "turn") asks for a deed. "can"/"could"/"would" are requests in speech ("can you turn off the fan").
+_QUESTION_OPENERS = frozenset(
+    {"is", "are", "was", "were", "what", "whats", "which", "does", "do", "did", "has", "have", "how", "where"}
+)
+_STATE_WORDS = frozenset({"status", "state"})
+_TOKEN = re.compile(r"[a-z0-9]+")
+OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
+UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
+
+
+def words(text: str) -> list[str]:
+    """Lower-case words without plural s ("lights" -> "light"), apostrophes dropped ("what's" -> "whats")."""
+    return [_singular(w) for w in _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))]
+
+
+def plurals(text: str) -> set[str]:
+    """The words said in the plural, in their singular form ("turn off the lights" -> {"light"})."""
+    raw = _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))
+    return {_singular(w) for w in raw if _singular(w) != w}
+
+
+def _singular(word: str) -> str:
+    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
+
+
+@dataclass(frozen=True)
+class HomeDevice:
+    """One device the assistant may command: ``payloads`` are the allow-list for ``topic``."""
+
+    name: str
+    topic: str
+    payloads: tuple[str, ...]
+    area: str | None = None
+    state_topic: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """The last word of the name ("light" for "counter lights"): what "the lights in the kitchen" matches."""
+        return words(self.name)[-1]
+
+    def named_in(self, heard: set[str], plurals: set[str]) -> bool:
+        """The words name this device: all of its name's words, or all of its area's words and its kind said in
+        the plural ("the lights in the kitchen"). Only the plural: "the kitchen light lamp" names the kitchen
+        light, not the kitchen's counter lights (measured: the model switched those too)."""
+        if set(words(self.name)) <= heard:
+            return True
+        return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
+
+
+def asks_state(text: str) -> bool:
+    """The words ask how things are ("is the garage door open", "which lights are on"), not for a change."""
+    w = words(text)
+    return bool(w) and (w[0] in _QUESTION_OPENERS or bool(_STATE_WORDS & set(w)))
+
+
+@dataclass
+class Home:
+    """The configured devices and the last state heard on their state topics (``states``: state topic -> value,
+    written by the MQTT bridge)."""
+
+    devices: list[HomeDevice]
+    extra: dict[str, list[str]] = field(default_factory=dict)  # allow-listed topics that are no named device
+    states: dict[str, str] = field(default_factory=dict)
+    grounded: bool = True  # False only to measure what the prompt does alone (`bench home --ungrounded`)
+
+    @classmethod
+    def from_config(cls, mqtt: MQTTConfig) -> Home | None:
+        """The home of ``mqtt.devices``; None when no device is named (then the plain allow-list prompt is used)."""
+        if not mqtt.devices:
+            return None
+        devices = [HomeDevice(d.name, d.topic, tuple(d.payloads), d.area, d.state_topic) for d in mqtt.devices]
+        named = {d.topic for d in devices}
+        extra = {t: list(p) for t, p in mqtt.allowed_actions.items() if t not in named}
+        return cls(devices, extra)
+
+    @property
+    def allowed(self) -> dict[str, list[str]]:
+        return {**self.extra, **{d.topic: list(d.payloads) for d in self.devices}}
+
+    def prompt(self) -> str:
+        """The system prompt for a home assistant: rules, then one line per device grouped by area.
+
+        Every command is written out as the whole marker for its first payload (measured: a bare topic list
+        made the model drop the keyword), with the other payloads after it, so the list stays one line per
+        device. Nothing here changes between turns."""
+        # the examples use a switch if there is one: "switch off" -> OFF reads right for the model
+        first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
+        off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
+        lines = [
+            "You are the voice assistant of a home. Answer in one or two short spoken sentences, "
+            "with no lists, code or markdown.",
+            "You can control the devices listed below. Rules:",
+            f"- Only when the user asks you to change a device, write its command once, copied exactly with the "
+            f"brackets and the word {KEYWORD}, with the value the user wants, then confirm in a few words.",
+            "- A question about a device (is it on, is it open, which lights are on) is not a request: write no "
+            "command. Answer only from the state given with the question; if none is given, say you do not know.",
+            "- If the user names a device that is not listed, write no command and say you cannot control it.",
+            "- Anything else: answer briefly, with no command.",
+            "Devices by area, each with its command and the values it takes:",
+        ]
+        for area, devices in _by_area(self.devices):
+            lines.append(f"{area}:")
+            for d in devices:
+                rest = f" (values: {', '.join(d.payloads)})" if len(d.payloads) > 1 else ""
+                lines.append(f"  {d.name}: [{KEYWORD} {d.topic} {d.payloads[0]}]{rest}")
+        if self.extra:
+            lines.append("other commands:")
+            lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in self.extra.items() for p in payloads]
+        lines += [
+            f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
+            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
+            f'-> you: "No, the {first.name} is {off.lower()}."',
+        ]
+        return "\n".join(lines)
+
+    def named(self, text: str) -> list[HomeDevice]:
+        heard, many = set(words(text)), plurals(text)
+        return [d for d in self.devices if d.named_in(heard, many)]
+
+    def annotate(self, text: str) -> str:
+        """The user's words as the model sees them: with the state of the devices asked about when the words ask
+        about state (the named devices, else those of the kind named: "which lights are on"), else unchanged."""
+        if not asks_state(text):
+            return text
+        shown = [d for d in self.named(text) if d.state_topic]
+        if not shown:
+            heard = set(words(text))
+            shown = [d for d in self.devices if d.state_topic and d.kind in heard]
+        if not shown:
+            return text
+        values = [self.states.get(d.state_topic or "", UNKNOWN) for d in shown]
+        known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
+        return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
+
+    def grounding(self, heard: str) -> Callable[[str, str], str | None]:
+        """A check for ActionParser: None when the user's words ask for this action, else why not."""
+        question = asks_state(heard)
+        named = {d.topic for d in self.named(heard)}
+        by_topic = {d.topic: d for d in self.devices}
+
+        def check(topic: str, payload: str) -> str | None:
+            if not self.grounded:
+                return None
+            if question:
+                return "the user asked a question, not for a change (a question about state never acts)"
+            if topic in by_topic and topic not in named:
+                return f"the user's words do not name the {by_topic[topic].name!r}"
+            return None
+
+        return check
+
+    def set_state(self, state_topic: str, value: str) -> bool:
+        """Keep a state topic's latest value; False when no device has that state topic."""
+        if not any(d.state_topic == state_topic for d in self.devices):
+            return False
+        self.states[state_topic] = value.strip()
+        return True
+
+
+def _yes_or_no(question: str, values: list[str]) -> str:
+    """For a yes/no question about one device's state ("is the garage door closed?"), the answer the state
+    gives: measured, the small model opened with "Yes" whatever the state it was shown. "" when the question
+    names no single state (or both, "open or closed") or the state is not one of a known pair."""
+    if len(values) != 1 or (value := values[0].casefold()) not in OPPOSITE:
+        return ""
+    named = {w for w in words(question)} & {value, OPPOSITE[value]}
+    if len(named) != 1:
+        return ""
+    return "; so the answer is yes" if named == {value} else "; so the answer is no"
+
+
+def _by_area(devices: Iterable[HomeDevice]) -> list[tuple[str, list[HomeDevice]]]:
+    groups: dict[str, list[HomeDevice]] = {}
+    for d in devices:
+        groups.setdefault(d.area or "other", []).append(d)
+    return list(groups.items())
