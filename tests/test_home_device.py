@@ -4,6 +4,7 @@ against a real mosquitto and a private PulseAudio server with two null sinks (no
     room   what the device's microphone hears (its monitor is the device's input; the test plays questions here)
     spk    the device's speaker (the test records its monitor)
     room2, spk2  the same for a second device (wake word, --serve), so the two never hear each other
+    room3, spk3  and for a third, with named home devices and the default LLM (spoken commands)
 
 What the device plays is recorded and transcribed with Whisper tiny.en, so "it was spoken" means a listener
 could understand it, not that some function was called. The MQTT side is read with the stock mosquitto_sub and
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -61,6 +63,8 @@ def pulse_env(tmp_path_factory):
             "--load=module-null-sink sink_name=room",
             "--load=module-null-sink sink_name=spk2",
             "--load=module-null-sink sink_name=room2",
+            "--load=module-null-sink sink_name=spk3",
+            "--load=module-null-sink sink_name=room3",
             f"--load=module-native-protocol-unix socket={run / 'native'}",
             "--load=module-always-sink",
         ],
@@ -111,6 +115,8 @@ class Device:
                 f"{PREFIX}/#",
                 "-t",
                 "homeassistant/#",
+                "-t",
+                "home/#",  # the devices' command topics (tests that name devices)
             ],
             stdout=self.messages_file.open("w"),
             stderr=subprocess.DEVNULL,
@@ -367,3 +373,54 @@ async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
         wake_device.wait_for("spoken", after=before, timeout=120)
     heard = await stt.transcribe(recording.samples)
     assert spoken_as(text, heard), heard
+
+
+# ---- home commands: a spoken request through the device, the default LLM, and the allow-list ----------------
+
+HOME_DEVICES = (
+    'mqtt.devices=[{name = "bedroom lamp", topic = "home/bedroom/lamp/set", payloads = ["ON", "OFF"], '
+    'area = "bedroom"}, {name = "kitchen light", topic = "home/kitchen/light/set", payloads = ["ON", "OFF"], '
+    'area = "kitchen"}]'
+)
+REFUSAL = re.compile(r"\b(can't|cannot|can not|unable|not able|don't have|do not have|no device|isn't|not on)\b")
+
+
+@pytest.fixture(scope="module")
+def home_device(tmp_path_factory, pulse_env):
+    """A third device: two named devices, and the default LLM (the small one cannot act), so a command is
+    decided by the model the product ships with."""
+    dev = Device(
+        tmp_path_factory.mktemp("homecmd"),
+        pulse_env,
+        speaker="spk3",
+        room="room3",
+        settings=(HOME_DEVICES, "models.target=qwen2.5-coder-1.5b-instruct", "llm.max_new_tokens=64"),
+    )
+    yield from running(dev)
+
+
+def commands(dev: Device, after: int) -> list[tuple[str, str]]:
+    return [(topic, payload) for topic, payload in dev.messages()[after:] if topic.startswith("home/")]
+
+
+def ask_aloud(dev: Device, question: str) -> tuple[int, dict]:
+    before = len(dev.messages())
+    dev.play_in_room(piper(question))
+    reply = json.loads(dev.wait_for("reply", after=before, timeout=180))
+    dev.wait_for("state", lambda p: p == "idle", after=before, timeout=120)
+    time.sleep(1.0)  # a late, second publish would land by now
+    return before, reply
+
+
+def test_a_spoken_command_publishes_exactly_that_command_once(home_device):
+    before, reply = ask_aloud(home_device, "Turn off the bedroom lamp.")
+    transcript = json.loads(home_device.wait_for("transcript", after=before, timeout=5))
+    assert "bedroom lamp" in transcript["text"].lower(), transcript
+    assert commands(home_device, before) == [("home/bedroom/lamp/set", "OFF")], (reply, home_device.messages()[before:])
+    assert reply["text"].strip() and "[ACTION" not in reply["text"], reply
+
+
+def test_a_device_not_on_the_list_publishes_nothing_and_says_so(home_device):
+    before, reply = ask_aloud(home_device, "Turn on the garage heater.")
+    assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
+    assert REFUSAL.search(reply["text"].lower()), reply
