@@ -6,12 +6,16 @@ every draft step cheaper; a token outside the head is never proposed, only produ
 output stays exact and only acceptance can suffer. Counting replies (rather than trusting the BPE merge
 order) matters because English words in a multilingual vocabulary sit at high ids.
 
-The counts come from the target itself, greedy, on ``prompts.COUNT_PROMPTS`` (batched, so it takes minutes,
-not an hour), and are stored as JSON next to the target's weights (``COUNTS_FILE``), built by
-``specvoice models prepare``. Counting takes the 1.5B target about half an hour on a 2-core CPU, so the counts
-of the embedded default target ship in ``llm/token_counts/`` and are used when the weights' checksum (from the
-model folder's manifest) matches; any other target gets its own counts built. The head is: tokens by count,
-then the rest by merge order, plus the specials.
+The counts come from the target itself, greedy, on ``counted_prompts()`` (batched, so it takes minutes, not an
+hour), and are stored as JSON next to the target's weights (``COUNTS_FILE``), built by
+``specvoice models prepare``. When the optional ``chitchat-dataset`` package (open conversational text, MIT) is
+installed, its tokens are counted too, ranked below every token of the target's own replies: the replies are the
+distribution that matters, human chat only fills the rest of the head with the words a reply might still use
+(``corpus_counts``); on prompts it was not counted on, this lifts a 32768-row head from ~95% to ~99% coverage
+(``python -m llm.head_coverage``). Generating the replies takes the 1.5B bf16 target most of an hour on a
+2-core CPU, so the counts of the embedded default target ship in ``llm/token_counts/`` and are used when the
+weights' checksum (from the model folder's manifest) matches; any other target gets its own counts built. The
+head is: tokens by count, then the rest by merge order, plus the specials.
 """
 
 from __future__ import annotations
@@ -28,13 +32,20 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from llm.prompts import COUNT_PROMPTS, SYSTEM
+from llm.prompts import COUNT_PROMPTS, SYSTEM, head_split
 
 log = logging.getLogger("specvoice.llm")
 
 COUNTS_FILE = "specvoice-token-counts.json"
 PACKAGED = Path(__file__).parent / "token_counts"  # counts shipped for the embedded default target
 MANIFEST = "specvoice-manifest.json"  # file checksums written by `models prepare` next to the weights
+HUMAN_TEXT = "chitchat-dataset"  # the optional PyPI package of open conversational text (MIT), counts only
+HUMAN_MIN_COUNT = 1  # every token the human text has: dropping those seen once cost ~1 point of held-out coverage
+
+
+def counted_prompts() -> list[str]:
+    """The prompts whose replies are counted: never any of ``head_split``'s held-out share."""
+    return COUNT_PROMPTS + head_split()[0]
 
 
 def counts_path(target_location: str) -> Path | None:
@@ -101,6 +112,40 @@ def count_tokens(replies: Iterable[list[int]]) -> Counter[int]:
     for reply in replies:
         counts.update(reply)
     return counts
+
+
+def human_text_counts(tokenizer, progress: bool = True) -> tuple[Counter[int], dict[str, object]] | None:
+    """(token counts, what they are) of the chit-chat corpus on PyPI, or None when it is not installed.
+
+    Every message of every conversation, tokenized on its own (no chat template: it is text, not a reply).
+    """
+    try:
+        import chitchat_dataset
+    except ImportError:
+        log.info("no human text counted", extra={"package": HUMAN_TEXT, "fix": "pip install specvoice[counts]"})
+        return None
+    from importlib.metadata import version
+
+    conversations = json.loads(Path(chitchat_dataset._PATH).read_text()).values()
+    texts = [" ".join(u["text"] for u in message) for c in conversations for message in c["messages"]]
+    counts: Counter[int] = Counter()
+    for i in tqdm(range(0, len(texts), 2000), desc=HUMAN_TEXT, unit="batch", disable=not progress or None):
+        counts.update(t for ids in tokenizer(texts[i : i + 2000], add_special_tokens=False)["input_ids"] for t in ids)
+    about = {"name": HUMAN_TEXT, "version": version(HUMAN_TEXT), "licence": "MIT", "messages": len(texts)}
+    return counts, {**about, "tokens": sum(counts.values()), "distinct": len(counts)}
+
+
+def corpus_counts(replies: Counter[int], human: Counter[int] | None = None) -> Counter[int]:
+    """One ranking: every token of the target's replies (by count), then the human text's (by count, at least
+    ``HUMAN_MIN_COUNT``). Done by scaling the reply counts above the largest human count, so the file stays a
+    plain token -> count map that ``head_ids`` reads as before."""
+    if not human:
+        return Counter(replies)
+    scale = max(human.values()) + 1
+    out = Counter({t: c for t, c in human.items() if c >= HUMAN_MIN_COUNT})
+    for t, c in replies.items():
+        out[t] = c * scale + human.get(t, 0)
+    return out
 
 
 def save_counts(path: Path, counts: Counter[int], meta: dict) -> None:
@@ -189,19 +234,32 @@ def build_counts(
         return path
     start = time.monotonic()
     model, tokenizer = load_causal_lm(target_location, dtype=dtype)
-    replies = generate_replies(model, tokenizer, COUNT_PROMPTS, max_new_tokens, batch)
-    counts = count_tokens(replies)
-    save_counts(
-        path,
-        counts,
-        {
-            "prompts": len(COUNT_PROMPTS),
-            "tokens": sum(counts.values()),
-            "distinct": len(counts),
-            "max_new_tokens": max_new_tokens,
-            "dtype": dtype,
-            "seconds": round(time.monotonic() - start, 1),
-        },
-    )
-    log.info("token counts built", extra={"path": str(path), "tokens": sum(counts.values())})
+    prompts = counted_prompts()
+    replies = count_tokens(generate_replies(model, tokenizer, prompts, max_new_tokens, batch))
+    human = human_text_counts(tokenizer)
+    generated = f"greedy, transformers {dtype}, max_new_tokens {max_new_tokens}"
+    meta = counts_meta(replies, len(prompts), generated, human[1] if human else None)
+    save_counts(path, corpus_counts(replies, human[0] if human else None), {**meta, "seconds": elapsed(start)})
+    log.info("token counts built", extra={"path": str(path), "tokens": meta["tokens"]})
     return path
+
+
+def counts_meta(
+    replies: Counter[int], prompts: int, generated: str, human: dict[str, object] | None
+) -> dict[str, object]:
+    """What went into a counts file: the reply corpus and, if counted, the human text."""
+    sources: list[dict[str, object]] = [
+        {"name": "replies", "prompts": prompts, "tokens": sum(replies.values()), "generated": generated}
+    ]
+    return {
+        "prompts": prompts,
+        "tokens": sum(replies.values()),
+        "distinct": len(replies),
+        "sources": sources + ([human] if human else []),
+        "ranking": "reply tokens by count, then human-text tokens seen at least "
+        f"{HUMAN_MIN_COUNT} times by count (corpus_counts)",
+    }
+
+
+def elapsed(start: float) -> float:
+    return round(time.monotonic() - start, 1)

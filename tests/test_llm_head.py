@@ -9,14 +9,20 @@ from collections import Counter
 
 import pytest
 import torch
+from transformers import AutoTokenizer
 
 from llm.engine import DecodeSettings, Engine
+from llm.head_coverage import SHIPPED, TARGET, coverage_table, load_replies
 from llm.models import IncompatibleDraftError
+from llm.prompts import HEAD_HELD_OUT_SHARE, HELD_OUT, VOICE_PROMPTS, head_split
 from llm.vocab import (
+    HUMAN_MIN_COUNT,
     MANIFEST,
     PACKAGED,
     build_counts,
+    corpus_counts,
     count_tokens,
+    counted_prompts,
     coverage,
     generate_replies,
     head_ids,
@@ -24,6 +30,7 @@ from llm.vocab import (
     packaged_counts,
     save_counts,
 )
+from voice.models import resolve
 
 from conftest_llm import chat_ids, smollm_fp32
 
@@ -127,3 +134,33 @@ def test_shipped_counts_are_used_only_for_the_same_weights(tmp_path):
     assert packaged_counts(other) is None and packaged_counts(tmp_path) is None
     path = build_counts(str(same))
     assert load_counts(path) == load_counts(shipped[0]) and len(load_counts(path) or ()) > 1000
+
+
+def test_the_held_out_split_is_fixed_and_never_counted():
+    counted, held_out = head_split()
+    assert (counted, held_out) == head_split()  # seeded: the same prompts in every build and test
+    assert len(held_out) == round(len(VOICE_PROMPTS) * HEAD_HELD_OUT_SHARE)
+    assert sorted(counted + held_out) == sorted(VOICE_PROMPTS) and not set(counted) & set(held_out)
+    assert not (set(held_out) | set(HELD_OUT)) & set(counted_prompts())
+
+
+def test_reply_tokens_rank_above_every_human_text_token():
+    replies = Counter({7: 1, 8: 3})
+    human = Counter({1: 1000, 7: 5, 9: HUMAN_MIN_COUNT, 10: HUMAN_MIN_COUNT - 1})
+    ranked = [t for t, _ in corpus_counts(replies, human).most_common()]
+    assert ranked == [8, 7, 1, 9]  # replies by count first; a human token seen too rarely gets no row
+    assert corpus_counts(replies, None) == replies
+
+
+def test_the_shipped_head_covers_replies_to_prompts_it_was_never_counted_on():
+    """Issue 24: >= 95% of the reply tokens on the held-out split (and on HELD_OUT) fit a 32768-row head. The
+    replies are stored token ids (llm/token_counts/replies/, made by `python -m llm.head_coverage --generate`:
+    the GGUF target on llama.cpp, greedy, 64 tokens at most), so no model runs here, only its tokenizer."""
+    meta = json.loads(SHIPPED.read_text())["meta"]
+    assert any(source["name"] == "chitchat-dataset" for source in meta["sources"])
+    replies = load_replies()
+    assert set(head_split()[1]) | set(HELD_OUT) <= set(replies)
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve(TARGET, "llm").path))
+    table = {(r.rows, r.set): r.coverage for r in coverage_table(tokenizer, load_counts(SHIPPED) or Counter(), replies)}
+    assert table[(32768, "held-out split")] >= 0.95
+    assert table[(32768, "HELD_OUT")] >= 0.95
