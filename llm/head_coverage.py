@@ -1,8 +1,11 @@
 """How much of the target's replies the draft's reduced head covers, on prompts its counts never saw.
 
-    python -m llm.head_coverage [--out FILE]        # the table (head size x prompt set), and JSON
-    python -m llm.head_coverage --generate          # first generate the missing replies (llama.cpp)
-    python -m llm.head_coverage --build-counts OLD  # also rewrite the shipped counts (see ``build_shipped``)
+    python -m llm.head_coverage --target DIR [--out FILE]    # the table (head size x prompt set), and JSON
+    python -m llm.head_coverage --target DIR --generate --gguf FILE  # first the missing replies (llama.cpp)
+    python -m llm.head_coverage --target DIR --build-counts OLD      # also rewrite the shipped counts
+
+DIR is the target's folder and FILE its GGUF (under ~/.cache/specvoice after `make`): the llm package does not
+know where voice/ keeps its models, so they are named here.
 
 Why a module of its own: ``bench llm`` reports coverage on the replies to its eight prompts, as a side effect of
 timing; this measures it where it matters, on a fixed, seeded held-out share of ``prompts.VOICE_PROMPTS`` (never
@@ -163,16 +166,6 @@ def _print(rows: list[Row]) -> None:
     print("; ".join(f"{s}: {v}" for s, v in sizes.items()))
 
 
-def _local(name: str, engine: str) -> Path:
-    """The model's local files (built into the cache on first use), for the given engine."""
-    from voice.models import resolve
-
-    path = resolve(name, "llm", engine=engine).path
-    if path is None:
-        raise SystemExit(f"{name} has no local files for the {engine} engine")
-    return path
-
-
 def main(argv: list[str] | None = None) -> None:
     from transformers import AutoTokenizer
 
@@ -181,11 +174,20 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--generate", action="store_true", help="generate the missing replies with llama.cpp first")
     p.add_argument("--build-counts", metavar="OLD", help="rewrite the shipped counts; OLD: build_shipped's file")
     p.add_argument("--out", default="bench-results/head-coverage.json", help="JSON file")
+    p.add_argument(
+        "--target",
+        required=True,
+        type=Path,
+        help=f"the {TARGET} folder (tokenizer, bf16 weights), e.g. ~/.cache/specvoice/{TARGET} after `make`",
+    )
+    p.add_argument("--gguf", type=Path, help=f"its GGUF, for --generate, e.g. ~/.cache/specvoice/{TARGET}.gguf")
     args = p.parse_args(argv)
-    target = _local(TARGET, "torch")
+    target: Path = args.target
+    if args.generate and args.gguf is None:
+        p.error("--generate needs --gguf")
     all_prompts = [q for prompts in prompt_sets().values() for q in prompts]
     started = time.monotonic()
-    replies = generate_missing(str(_local(TARGET, "llama.cpp")), all_prompts) if args.generate else load_replies()
+    replies = generate_missing(str(args.gguf), all_prompts) if args.generate else load_replies()
     generation_s = elapsed(started)
     built = build_shipped(target, Path(args.build_counts), replies) if args.build_counts else None
     counts = load_counts(Path(args.counts))
