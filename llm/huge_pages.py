@@ -9,9 +9,10 @@ to 6% apart depending only on where their pages happened to land, which huge pag
 
 How: note the process's anonymous mappings before the load, and after it mark each new large one
 ``MADV_HUGEPAGE`` and collapse it now (``MADV_COLLAPSE``, Linux 6.1+; ~3 s a GB on 2 cores), rather than waiting
-minutes for khugepaged. Anywhere this is not possible (another OS, an older kernel, THP set to ``never``, no
-memory to spare) the model stays as it was and a debug line says why: huge pages are a speed-up, never a
-requirement.
+minutes for khugepaged. A long-lived process may serve the load from memory it freed before (no new range
+to find: ``why_not`` says so); a service loads its model at start, where the range is new. Anywhere this is
+not possible (another OS, an older kernel, THP set to ``never``, no memory to spare) the model stays as it was
+and a debug line says why: huge pages are a speed-up, never a requirement.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def anonymous_mappings() -> dict[int, int]:
     found = {}
     for line in lines:
         fields = line.split()
-        if len(fields) > 5:  # a file, the heap or the stack: not an anonymous mapping
+        if len(fields) > 5 and fields[5] != "[heap]":  # a file or the stack (the heap may hold a large malloc)
             continue
         start, end = (int(x, 16) for x in fields[0].split("-"))
         if end - start >= MIN_MAPPING:
