@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 from pydantic import Field, ValidationError, model_validator
 
+from llm.prompts import SYSTEM
 from llm.settings import (
     HISTORY_TOKENS,
     DecodeSettings,
@@ -162,9 +163,7 @@ class LLMConfig(_Section):
         return self
 
 
-DEFAULT_SYSTEM_PROMPT = (
-    "You are a helpful voice assistant. Answer in one to three short spoken sentences, with no lists, code or markdown."
-)
+DEFAULT_SYSTEM_PROMPT = SYSTEM  # one owner: the prompt the LLM benchmarks and head counts were measured with
 
 
 class DialogConfig(_Section):
