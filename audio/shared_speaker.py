@@ -1,9 +1,9 @@
 """One speaker, several talkers: the home device's own conversation and the MQTT bridge's announcements.
 
 Each talker (a session) gets a ``Lane``, a sink of its own with the full sink interface (``write``, ``flush``,
-``drain``, ``begin_utterance``, ``heard_samples``), over the one real sink. Why lanes rather than sharing the sink:
-a sink's heard port counts the current utterance, and two sessions writing into one queue would interleave
-their sentences and each count the other's audio as heard.
+``hold``, ``release``, ``drain``, ``begin_utterance``, ``heard_samples``), over the one real sink. Why lanes
+rather than sharing the sink: a sink's heard port counts the current utterance, and two sessions writing into
+one queue would interleave their sentences and each count the other's audio as heard.
 
 The rule is the simplest one a listener understands: the utterance that starts last has the speaker. A lane
 that writes while another lane's utterance is still playing flushes it and takes over; the other lane is told
@@ -92,6 +92,14 @@ class Lane:
         if self._owns:
             self.speaker.sink.flush()
         self.busy = False
+
+    def hold(self) -> None:
+        if self._owns:
+            self.speaker.sink.hold()
+
+    def release(self) -> None:
+        if self._owns:
+            self.speaker.sink.release()
 
     async def drain(self) -> None:
         sink = self.speaker.sink

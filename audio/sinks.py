@@ -40,6 +40,16 @@ class AudioSink(Protocol):
     def heard_samples(self) -> int: ...
 
 
+@runtime_checkable
+class HoldableSink(AudioSink, Protocol):
+    """A sink that can go quiet without losing what is queued. A backchannel ("mhm", a cough) during a reply
+    holds it, and if that is all it was, the reply goes on from the sample where it stopped; a real
+    interruption flushes it as usual (``flush`` also ends a hold)."""
+
+    def hold(self) -> None: ...
+    def release(self) -> None: ...
+
+
 class _BufferedSink:
     """The queue between ``write`` (event loop) and the block pump (a device thread or a timer task)."""
 
@@ -59,6 +69,7 @@ class _BufferedSink:
         )
         self.last_play_end = 0.0  # monotonic time the last non-silent sample handed over finishes playing
         self.last_filled = 0  # how many samples of the last pulled block were real audio (the rest is padding)
+        self.held = False  # hold(): the device gets silence and the queue waits, untouched, for release()
 
     @property
     def queued_samples(self) -> int:
@@ -81,7 +92,16 @@ class _BufferedSink:
             self._queue.clear()
             self._queued = 0
             self.first_audible_t = None
+            self.held = False
             self.flushes += 1
+
+    def hold(self) -> None:
+        with self._lock:
+            self.held = True
+
+    def release(self) -> None:
+        with self._lock:
+            self.held = False
 
     async def write(self, samples: np.ndarray) -> None:
         samples = np.asarray(samples)
@@ -102,7 +122,7 @@ class _BufferedSink:
         out = np.zeros(n, dtype=np.int16)
         with self._lock:
             filled = 0
-            while filled < n and self._queue:
+            while filled < n and self._queue and not self.held:
                 head = self._queue[0]
                 take = min(n - filled, len(head))
                 out[filled : filled + take] = head[:take]
@@ -139,8 +159,8 @@ class _BufferedSink:
 class WavSink(_BufferedSink):
     """Plays into a WAV file (or nowhere, with ``path=None``). With ``realtime`` a timer task pulls one block
     every ``block_ms``, exactly like a device callback, so timings (first audible sample, flush) behave as on
-    a speaker; without it, written audio counts as played at once. The file gets the samples that were
-    played (not the idle gaps between them) and is written by ``close()``."""
+    a speaker; without it, written audio counts as played at once (so there is nothing to hold). The file gets
+    the samples that were played (not the idle gaps between them) and is written by ``close()``."""
 
     def __init__(
         self,
@@ -180,7 +200,7 @@ class WavSink(_BufferedSink):
         next_t = time.monotonic()
         while True:
             block = self._pull(self.block, next_t)
-            if self.last_filled == 0:
+            if self.last_filled == 0 and not self.held:
                 # idle: nothing to play; stop pumping until the next write restarts us
                 return
             self.played.append(block[: self.last_filled])

@@ -369,6 +369,30 @@ async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, momen
     sink.close()
 
 
+@pytest.mark.parametrize("said", ["Mhm.", "Yeah, okay."])
+async def test_a_backchannel_during_a_reply_leaves_it_playing(assistant, speech, said):
+    """'Mhm' while the reply is heard: its audio is held at once, then goes on from where it stopped; nothing of
+    it is lost, the history keeps the whole reply, and the 'mhm' never becomes a turn."""
+    rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=True)
+    mid = lambda e: sink.played_samples > assistant.tts_sample_rate * 0.5  # noqa: E731
+    session, mic = await _reply_in_progress(assistant, speech, rec, sink, mid)
+    await mic.play(speech(said))
+    feeder = asyncio.create_task(mic.silence(120.0))
+    done = await rec.turn_done(timeout=180)
+    await asyncio.sleep(1.0)  # room for a wrong second turn to show up
+    feeder.cancel()
+    await asyncio.gather(feeder, return_exceptions=True)
+    heard = [(type(e).__name__, e.text) for e in rec.events if isinstance(e, TranscriptPartial | TranscriptFinal)]
+    assert done is not None and not done.interrupted, (session.backchannels, heard[2:])
+    assert session.backchannels == {"held": 1, "resumed": 1, "interrupted": 0}, (session.backchannels, heard)
+    assert len(done.trace["backchannels"]) == 1, done.trace
+    assert sum(len(e.samples) for e in rec.of(ReplyAudio)) == sink.played_samples, "every sample was played"
+    assert session.history[-1] == {"role": "assistant", "content": done.reply}
+    assert len(rec.of(TurnDone)) == 1 and not rec.of(TurnError), "the backchannel was not answered"
+    await session.close()
+    sink.close()
+
+
 async def test_short_noise_is_not_a_barge_in(assistant, speech):
     rec, sink = Recorder(), WavSink(None, assistant.tts_sample_rate, realtime=True)
     session, mic = await _reply_in_progress(assistant, speech, rec, sink, lambda e: isinstance(e, ReplyAudio))

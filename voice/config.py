@@ -181,6 +181,14 @@ class DialogConfig(_Section):
         description="prefill the LLM caches with the committed words while "
         "the user still speaks (between Whisper passes)",
     )
+    backchannels: bool = Field(
+        True,
+        description="speech during a reply holds its audio; 'mhm', 'yeah', a cough resume it where it stopped, "
+        "anything else is a barge-in (speaker and WAV sinks; other transports barge in at once)",
+    )
+    backchannel_hold_s: float = Field(
+        2.5, gt=0, description="a held reply waits this long for the words; then the speech is a barge-in"
+    )
 
 
 class BudgetConfig(_Section):

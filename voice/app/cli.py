@@ -25,6 +25,7 @@ COMMANDS = {
     "bench soak": "voice.bench.soak:main",
     "bench frontend": "voice.bench.frontend:main",
     "bench home": "voice.bench.home:main",
+    "bench backchannel": "voice.bench.backchannel:main",
 }
 
 
@@ -72,7 +73,9 @@ def _parser() -> argparse.ArgumentParser:
     bench = sub.add_parser(
         "bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)", add_help=False
     )  # --help goes on to the benchmark's own parser
-    bench.add_argument("what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home"])
+    bench.add_argument(
+        "what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel"]
+    )
     return p
 
 
@@ -188,7 +191,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
         print(
-            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home} [flags]   "
+            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel} [flags]   "
             "(`specvoice bench llm --help`: its flags)",
             file=sys.stdout if asked else sys.stderr,
         )

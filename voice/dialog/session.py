@@ -9,8 +9,10 @@ Every transport (microphone, websocket, Wyoming, MQTT) drives a session through 
 is running is a barge-in: the turn is cancelled (``Turn.cancel``, the only way anything stops), and it commits
 the reply to the history as far as the session's sink says the user heard it; speech that comes before any
 of the reply is out means the user had not finished (a pause read as the end of the turn): the turn hands its
-utterance over and the next turn answers both together (``Turn.hand_over``). A turn that fails ends with a
-``TurnError`` and leaves the session idle, ready for the next one.
+utterance over and the next turn answers both together (``Turn.hand_over``). Speech while the reply is being
+heard first holds its audio (``dialog.backchannels``, a sink that can hold): if its words are only "mhm",
+"yeah", a cough (voice/dialog/backchannel.py), the reply goes on where it stopped; else it is the barge-in.
+A turn that fails ends with a ``TurnError`` and leaves the session idle, ready for the next one.
 """
 
 from __future__ import annotations
@@ -24,9 +26,11 @@ from typing import Protocol
 
 import numpy as np
 
+from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
 from voice.config import DEFAULT_SYSTEM_PROMPT, Config
 from voice.dialog.actions import action_instructions
+from voice.dialog.backchannel import Hold, is_backchannel
 from voice.dialog.home import Home
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
@@ -122,6 +126,8 @@ class Session:
         self._turn: Turn | None = None
         self._early: EarlyReply | None = None  # a reply started on the pause transcript (dialog.early_reply)
         self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
+        self._hold: Hold | None = None  # a reply held by speech that may be a backchannel (dialog.backchannels)
+        self.backchannels = {"held": 0, "resumed": 0, "interrupted": 0}  # for benchmarks and tests
         self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
         self._closed = False
         self._carried: list[Utterance] = []  # turns handed over to the next utterance (Turn.hand_over)
@@ -197,23 +203,104 @@ class Session:
 
     async def _on_listen_event(self, event: ListenEvent) -> None:
         if isinstance(event, SpeechStarted):
-            if self._turn is not None and self.replying:
-                carried = self._turn.hand_over()  # nothing of the reply out yet: the user had not finished
-                await self._interrupt()
-                self._carried = carried
+            if self._hold is not None:
+                await self._barge_in()  # speech again while the last is being decided: the user means it
+            elif self._turn is not None and self.replying:
+                if self._can_hold(self._turn):
+                    self._start_hold(self._turn, event)
+                else:
+                    carried = self._turn.hand_over()  # nothing of the reply out yet: the user had not finished
+                    await self._interrupt()
+                    self._carried = carried
             self._listen_trace = self._new_trace()
             self._listen_trace.mark("speech_start", self.listener.arrival(event.t))
             self._set_state(State.LISTENING)
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
+            if self._hold is not None and not is_backchannel(event.text):
+                await self._barge_in()
             self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
+            if self._hold is not None:
+                pause = self.listener.vad.pause_since if self.listener.vad is not None else None
+                if is_backchannel(event.text, None if pause is None else pause - self._hold.start_t):
+                    self.listener.clear()  # the "mhm" is not a question to answer
+                    self._resume(event.text)
+                    return
+                await self._barge_in()
             self._start_early(event.text)
         elif isinstance(event, SpeechResumed):
             await self._drop_early()  # the early reply answered a question not yet asked
         elif isinstance(event, UtteranceEnded):
-            self._answer(event)
+            if self._hold is not None:
+                self._hold.ended = event
+                self._hold.deciding = self.assistant.spawn(self._decide(self._hold))
+            else:
+                self._answer(event)
+
+    # ---- backchannels ---------------------------------------------------------------------------------------
+
+    def _can_hold(self, turn: Turn) -> bool:
+        """Hold rather than stop: the user is hearing the reply (some of it is out) through a sink that can go
+        quiet without losing its queue."""
+        return self.config.dialog.backchannels and isinstance(self.sink, HoldableSink) and turn.outcome.samples_out > 0
+
+    def _start_hold(self, turn: Turn, event: SpeechStarted) -> None:
+        assert isinstance(self.sink, HoldableSink)
+        self.sink.hold()  # quiet at once, as a barge-in would be; nothing queued is lost
+        self._hold = hold = Hold(turn, since=time.monotonic(), start_t=event.t)
+        hold.timer = self.assistant.spawn(self._hold_expires(hold))
+        self.backchannels["held"] += 1
+
+    async def _hold_expires(self, hold: Hold) -> None:
+        """Talking this long is not a backchannel (and a client may stop sending audio mid-word: the clock, not
+        the next chunk, ends the hold)."""
+        await asyncio.sleep(self.config.dialog.backchannel_hold_s)
+        if self._hold is hold and hold.deciding is None:
+            hold.timer = None  # this task is the one deciding: _barge_in must not cancel it
+            await self._barge_in()
+
+    async def _decide(self, hold: Hold) -> None:
+        """The held speech ended: its words say backchannel (resume) or interruption (stop, and answer them)."""
+        assert hold.ended is not None
+        u = hold.ended.utterance
+        text = await u.final()
+        if self._hold is not hold:
+            return  # decided otherwise meanwhile (more speech, a cancel)
+        if is_backchannel(text, u.speech_end - u.speech_start):
+            self._resume(text)
+        else:
+            hold.deciding = None  # this task is the one deciding: _barge_in must not cancel it
+            await self._barge_in()
+            self._answer(hold.ended)
+
+    def _resume(self, text: str) -> None:
+        hold, self._hold = self._hold, None
+        assert hold is not None and isinstance(self.sink, HoldableSink)
+        if hold.timer is not None:
+            hold.timer.cancel()
+        self.sink.release()
+        self._listen_trace = None
+        self.backchannels["resumed"] += 1
+        hold.turn.trace.extra.setdefault("backchannels", []).append(text)
+        log.debug("backchannel: the reply goes on", extra={"session": self.id, "text": text})
+        if not hold.turn.done:
+            self._set_state(State.SPEAKING)
+
+    async def _barge_in(self) -> None:
+        """The held speech was an interruption: stop the reply (as a barge-in always did). An utterance whose
+        words were still being decided goes with the next one (as a hand-over does)."""
+        hold, self._hold = self._hold, None
+        if hold is None:
+            return
+        self.backchannels["interrupted"] += 1
+        if hold.timer is not None:
+            hold.timer.cancel()
+        if hold.deciding is not None and hold.ended is not None:
+            hold.deciding.cancel()
+            self._carried.append(hold.ended.utterance)
+        await self._interrupt()
 
     def _answer(self, ended: UtteranceEnded) -> None:
         """The user's turn is over: transcribe it and reply, in a turn that a barge-in can cancel."""
@@ -377,6 +464,9 @@ class Session:
 
     async def _interrupt(self) -> None:
         """Stop the reply in progress (and any early reply): the turn commits what was heard."""
+        hold, self._hold = self._hold, None  # flushing the sink ends its hold too
+        if hold is not None and hold.timer is not None:
+            hold.timer.cancel()
         await self._drop_early()
         if self.sink is not None and self.replying:
             self.sink.flush()

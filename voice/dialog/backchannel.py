@@ -1,0 +1,131 @@
+"""Did the user interrupt, or only show they are listening?
+
+People say "mhm", "yeah", "okay", "right" while someone talks to them, and they cough and laugh; none of that
+asks the speaker to stop. "Stop", "wait", "no, I meant the other one" do. The session holds the reply's audio
+the moment speech starts (so a real interruption still silences it at once), then asks this module about the
+words it heard: a backchannel resumes the reply from the sample where it stopped, anything else is a barge-in.
+
+Two rules, in order. Words: if every word is an acknowledgement on the list (Whisper writes sounds as
+annotations, "(coughs)", "[laughter]"; those and nothing at all count as sounds), it is a backchannel. Length:
+Whisper guesses at a half-second "mhm" ("And may Chen."), so a short sound (``SHORT_S`` of voice or less) is a
+backchannel too, unless one of its words asks the speaker to stop ("stop", "wait", "no", a question word).
+Anything longer with a word off the list is an interruption: an unknown word fails toward the old behaviour
+(the reply stops), never toward a reply that talks over the user.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from dataclasses import dataclass
+
+from voice.dialog.turn import Turn
+from voice.hearing.listener import UtteranceEnded
+
+# Acknowledgements, in the words Whisper writes them; multi-word ones are matched as phrases.
+BACKCHANNELS: frozenset[str] = frozenset(
+    {
+        "mhm",
+        "mm",
+        "mmm",
+        "hmm",
+        "hm",
+        "mm hmm",
+        "uh huh",
+        "uh",
+        "um",
+        "ah",
+        "oh",
+        "ooh",
+        "aha",
+        "ha",
+        "haha",
+        "ha ha",
+        "okay",
+        "ok",
+        "yeah",
+        "yes",
+        "yep",
+        "yup",
+        "right",
+        "sure",
+        "alright",
+        "all right",
+        "cool",
+        "nice",
+        "wow",
+        "great",
+        "i see",
+        "got it",
+        "interesting",
+        "really",
+        "true",
+    }
+)
+# Words that ask the speaker to stop or change course, however short the utterance that holds them.
+INTERRUPTIONS: frozenset[str] = frozenset(
+    {
+        "stop",
+        "wait",
+        "no",
+        "nope",
+        "hold",
+        "pause",
+        "quiet",
+        "shh",
+        "shush",
+        "enough",
+        "cancel",
+        "hey",
+        "sorry",
+        "excuse",
+        "actually",
+        "but",
+        "what",
+        "why",
+        "how",
+        "who",
+        "when",
+        "where",
+        "which",
+        "repeat",
+        "again",
+    }
+)
+SHORT_S = 0.8  # voiced seconds: "mhm", "yeah okay", a cough; "stop" is as short, but says so
+_LONGEST = max(len(p.split()) for p in BACKCHANNELS)
+_SOUND = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")  # (coughs) [laughter] *sigh*
+_WORD = re.compile(r"[a-z]+")
+
+
+def is_backchannel(text: str, voiced_s: float | None = None) -> bool:
+    """True when ``text`` is only acknowledgements and sounds ("Mm-hmm.", "Yeah, okay.", "(coughs)", ""), or
+    when ``voiced_s`` (the speech's length, if known) is short and no word in it asks to stop."""
+    words = _WORD.findall(_SOUND.sub(" ", text.lower()).replace("-", " "))
+    if _acknowledgements_only(words):
+        return True
+    return voiced_s is not None and voiced_s <= SHORT_S and not INTERRUPTIONS.intersection(words)
+
+
+def _acknowledgements_only(words: list[str]) -> bool:
+    i = 0
+    while i < len(words):
+        for n in range(min(_LONGEST, len(words) - i), 0, -1):
+            if " ".join(words[i : i + n]) in BACKCHANNELS:
+                i += n
+                break
+        else:
+            return False
+    return True
+
+
+@dataclass
+class Hold:
+    """A reply's audio held while the session finds out whether the user's speech was only a backchannel."""
+
+    turn: Turn
+    since: float  # monotonic time the speech started
+    start_t: float  # audio time the speech started (its length decides a short sound Whisper guessed at)
+    ended: UtteranceEnded | None = None  # the speech, once it ended; its transcript decides
+    deciding: asyncio.Task[object] | None = None
+    timer: asyncio.Task[object] | None = None  # dialog.backchannel_hold_s without a decision: a barge-in
