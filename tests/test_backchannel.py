@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from audio.sinks import HoldableSink, WavSink
-from voice.dialog.backchannel import is_backchannel
+from voice.dialog.backchannel import clearly_interrupts, is_backchannel
 
 
 @pytest.mark.parametrize(
@@ -80,9 +80,13 @@ async def test_flush_ends_a_hold():
     sink.close()
 
 
-@pytest.mark.parametrize("text", ["And may Chen.", "Hmm, yes.", ""])
+@pytest.mark.parametrize("text", ["Uh...", "Hmm, yes.", "Tick.", ""])
 def test_a_short_sound_whisper_guessed_at_is_a_backchannel(text):
     assert is_backchannel(text, voiced_s=0.5)
+
+
+def test_a_short_phrase_off_the_list_is_an_interruption():
+    assert not is_backchannel("Sit up.", voiced_s=0.3)  # "Stop, that's enough." with its start gated
 
 
 @pytest.mark.parametrize("text", ["Stop.", "Wait.", "No.", "What?", "Hold on."])
@@ -92,3 +96,18 @@ def test_a_short_word_that_asks_to_stop_is_an_interruption(text):
 
 def test_a_long_utterance_off_the_list_is_an_interruption():
     assert not is_backchannel("And may Chen.", voiced_s=1.5)
+
+
+@pytest.mark.parametrize(
+    ("partial", "stop_now"),
+    [
+        ("Stop", True),
+        ("Wait, what", True),
+        ("Actually, tell me about dogs", True),
+        ("And may", False),
+        ("Mm-hmm, yeah", False),
+        ("Open the second", False),
+    ],
+)
+def test_a_partial_stops_the_reply_only_when_it_clearly_interrupts(partial, stop_now):
+    assert clearly_interrupts(partial) is stop_now

@@ -369,7 +369,7 @@ async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, momen
     sink.close()
 
 
-@pytest.mark.parametrize("said", ["Mhm.", "Yeah, okay."])
+@pytest.mark.parametrize("said", ["Okay.", "Yeah, okay."])
 async def test_a_backchannel_during_a_reply_leaves_it_playing(assistant, speech, said):
     """'Mhm' while the reply is heard: its audio is held at once, then goes on from where it stopped; nothing of
     it is lost, the history keeps the whole reply, and the 'mhm' never becomes a turn."""

@@ -124,6 +124,7 @@ async def trial(
         "voice": clip["voice"],
         "held": session.backchannels["held"],
         "verdict": verdict,
+        "heard": [{"text": w, "voiced_s": v and round(v, 2), "backchannel": b} for w, v, b in session.held_words],
         "right": verdict == clip["kind"] if clip["kind"] == "interruption" else verdict != "interruption",
         "decided_after_clip_ms": None if decided_t is None else round((decided_t - clip_end) * 1000),
     }
@@ -134,10 +135,13 @@ def summarize(rows: list[dict[str, Any]]) -> dict[str, Any]:
     for kind in ("backchannel", "interruption"):
         rs = [r for r in rows if r["kind"] == kind]
         waits = [r["decided_after_clip_ms"] for r in rs if r["decided_after_clip_ms"] is not None]
+        heard = [r for r in rs if r["held"]]
         out[kind] = {
             "n": len(rs),
             "right": sum(r["right"] for r in rs),
             "right_pct": round(100 * sum(r["right"] for r in rs) / max(1, len(rs)), 1),
+            "not_heard": len(rs) - len(heard),  # the VAD and echo gate never started speech: no hold at all
+            "right_of_heard_pct": round(100 * sum(r["right"] for r in heard) / max(1, len(heard)), 1),
             "decided_after_clip_ms_p50": float(np.median(waits)) if waits else None,
             "wrong": [f"{r['say']} ({r['voice']}): {r['verdict']}" for r in rs if not r["right"]],
         }
@@ -168,10 +172,13 @@ async def bench(config: Any, argv: list[str]) -> int:
         f"\nbench backchannel: {len(rows)} clips over a spoken reply (echo gain {args.echo_gain}), "
         f"{time.monotonic() - started:.0f} s"
     )
-    print(f"{'clip kind':<14}{'n':>4}{'decided right':>15}{'verdict after clip, p50 ms':>29}")
+    print(f"{'clip kind':<14}{'n':>4}{'right':>8}{'not heard':>11}{'right of heard':>16}{'verdict after clip p50':>24}")
     for kind, s in summary.items():
-        wait = s["decided_after_clip_ms_p50"]
-        print(f"{kind:<14}{s['n']:>4}{s['right_pct']:>14.1f}%{'-' if wait is None else f'{wait:.0f}':>29}")
+        wait = "-" if s["decided_after_clip_ms_p50"] is None else f"{s['decided_after_clip_ms_p50']:.0f} ms"
+        print(
+            f"{kind:<14}{s['n']:>4}{s['right_pct']:>7.1f}%{s['not_heard']:>11}{s['right_of_heard_pct']:>15.1f}%"
+            f"{wait:>24}"
+        )
     for kind, s in summary.items():
         for wrong in s["wrong"]:
             print(f"  wrong {kind}: {wrong}")

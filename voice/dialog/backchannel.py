@@ -7,8 +7,10 @@ words it heard: a backchannel resumes the reply from the sample where it stopped
 
 Two rules, in order. Words: if every word is an acknowledgement on the list (Whisper writes sounds as
 annotations, "(coughs)", "[laughter]"; those and nothing at all count as sounds), it is a backchannel. Length:
-Whisper guesses at a half-second "mhm" ("And may Chen."), so a short sound (``SHORT_S`` of voice or less) is a
-backchannel too, unless one of its words asks the speaker to stop ("stop", "wait", "no", a question word).
+Whisper guesses at a half-second "mhm" ("Hmm", "Uh...", but also "And may Chen."), so a short sound of one word
+at most (``SHORT_S`` of voice or less) is a backchannel too, unless the word asks the speaker to stop ("stop",
+"wait", "no", a question word). Measured (`specvoice bench backchannel`): allowing more words in a short sound
+keeps more "mhm"s but lets misheard "stop"s ("Stuff...", "Sit up.") through, and a missed "stop" costs more.
 Anything longer with a word off the list is an interruption: an unknown word fails toward the old behaviour
 (the reply stops), never toward a reply that talks over the user.
 """
@@ -17,10 +19,10 @@ from __future__ import annotations
 
 import asyncio
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from voice.dialog.turn import Turn
-from voice.hearing.listener import UtteranceEnded
+from voice.hearing.listener import Utterance, UtteranceEnded
 
 # Acknowledgements, in the words Whisper writes them; multi-word ones are matched as phrases.
 BACKCHANNELS: frozenset[str] = frozenset(
@@ -93,6 +95,8 @@ INTERRUPTIONS: frozenset[str] = frozenset(
     }
 )
 SHORT_S = 0.8  # voiced seconds: "mhm", "yeah okay", a cough; "stop" is as short, but says so
+SHORT_WORDS = 1  # Whisper's guess at a short sound may be one word off the list, not a phrase
+PARTIAL_WORDS = 3  # "actually, tell me about ..." stops the reply before its end of turn; "and may" waits
 _LONGEST = max(len(p.split()) for p in BACKCHANNELS)
 _SOUND = re.compile(r"\([^)]*\)|\[[^\]]*\]|\*[^*]*\*")  # (coughs) [laughter] *sigh*
 _WORD = re.compile(r"[a-z]+")
@@ -100,11 +104,29 @@ _WORD = re.compile(r"[a-z]+")
 
 def is_backchannel(text: str, voiced_s: float | None = None) -> bool:
     """True when ``text`` is only acknowledgements and sounds ("Mm-hmm.", "Yeah, okay.", "(coughs)", ""), or
-    when ``voiced_s`` (the speech's length, if known) is short and no word in it asks to stop."""
-    words = _WORD.findall(_SOUND.sub(" ", text.lower()).replace("-", " "))
+    when ``voiced_s`` (the speech's length, if known) is short and its one word does not ask to stop."""
+    words = _words(text)
     if _acknowledgements_only(words):
         return True
-    return voiced_s is not None and voiced_s <= SHORT_S and not INTERRUPTIONS.intersection(words)
+    return (
+        voiced_s is not None
+        and voiced_s <= SHORT_S
+        and len(words) <= SHORT_WORDS
+        and not INTERRUPTIONS.intersection(words)
+    )
+
+
+def clearly_interrupts(partial: str) -> bool:
+    """For a partial transcript, while the speech goes on: stop now only on a word that asks to stop or on more
+    than ``PARTIAL_WORDS`` words off the list (a partial is Whisper's guess at unfinished audio)."""
+    words = _words(partial)
+    if _acknowledgements_only(words):
+        return False
+    return bool(INTERRUPTIONS.intersection(words)) or len(words) > PARTIAL_WORDS
+
+
+def _words(text: str) -> list[str]:
+    return _WORD.findall(_SOUND.sub(" ", text.lower()).replace("-", " "))
 
 
 def _acknowledgements_only(words: list[str]) -> bool:
@@ -127,5 +149,6 @@ class Hold:
     since: float  # monotonic time the speech started
     start_t: float  # audio time the speech started (its length decides a short sound Whisper guessed at)
     ended: UtteranceEnded | None = None  # the speech, once it ended; its transcript decides
+    before: list[Utterance] = field(default_factory=list)  # earlier bursts of this hold ("ha", "ha", "ha")
     deciding: asyncio.Task[object] | None = None
     timer: asyncio.Task[object] | None = None  # dialog.backchannel_hold_s without a decision: a barge-in

@@ -30,7 +30,7 @@ from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
 from voice.config import DEFAULT_SYSTEM_PROMPT, Config
 from voice.dialog.actions import action_instructions
-from voice.dialog.backchannel import Hold, is_backchannel
+from voice.dialog.backchannel import Hold, clearly_interrupts, is_backchannel
 from voice.dialog.home import Home
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
@@ -128,6 +128,7 @@ class Session:
         self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
         self._hold: Hold | None = None  # a reply held by speech that may be a backchannel (dialog.backchannels)
         self.backchannels = {"held": 0, "resumed": 0, "interrupted": 0}  # for benchmarks and tests
+        self.held_words: list[tuple[str, float | None, bool]] = []  # (words, voiced s, backchannel?) per verdict
         self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
         self._closed = False
         self._carried: list[Utterance] = []  # turns handed over to the next utterance (Turn.hand_over)
@@ -180,6 +181,8 @@ class Session:
         self.assistant.broadcast(self.id, event)
 
     def _set_state(self, state: State) -> None:
+        if self._hold is not None and state == State.SPEAKING:
+            return  # a held reply is quiet: the user is speaking
         if state != self.state:
             self.state = state
             self.emit(StateChanged(state))
@@ -204,7 +207,7 @@ class Session:
     async def _on_listen_event(self, event: ListenEvent) -> None:
         if isinstance(event, SpeechStarted):
             if self._hold is not None:
-                await self._barge_in()  # speech again while the last is being decided: the user means it
+                self._hold_goes_on(self._hold)
             elif self._turn is not None and self.replying:
                 if self._can_hold(self._turn):
                     self._start_hold(self._turn, event)
@@ -218,13 +221,13 @@ class Session:
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
-            if self._hold is not None and not is_backchannel(event.text):
+            if self._hold is not None and clearly_interrupts(event.text):
                 await self._barge_in()
             self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
-            if self._hold is not None:
+            if self._hold is not None and not self._hold.before:
                 pause = self.listener.vad.pause_since if self.listener.vad is not None else None
-                if is_backchannel(event.text, None if pause is None else pause - self._hold.start_t):
+                if self._judge(event.text, None if pause is None else pause - self._hold.start_t):
                     self.listener.clear()  # the "mhm" is not a question to answer
                     self._resume(event.text)
                     return
@@ -264,16 +267,32 @@ class Session:
     async def _decide(self, hold: Hold) -> None:
         """The held speech ended: its words say backchannel (resume) or interruption (stop, and answer them)."""
         assert hold.ended is not None
-        u = hold.ended.utterance
-        text = await u.final()
+        said = [*hold.before, hold.ended.utterance]
+        text = " ".join([t for u in said if (t := await u.final())])
         if self._hold is not hold:
             return  # decided otherwise meanwhile (more speech, a cancel)
-        if is_backchannel(text, u.speech_end - u.speech_start):
+        if self._judge(text, sum(u.speech_end - u.speech_start for u in said)):
             self._resume(text)
         else:
             hold.deciding = None  # this task is the one deciding: _barge_in must not cancel it
             await self._barge_in()
+            self._carried = [*hold.before]  # asked together with the last burst, as a hand-over is
             self._answer(hold.ended)
+
+    def _hold_goes_on(self, hold: Hold) -> None:
+        """More speech while the last burst is being decided ("ha ... ha"): the hold judges them together."""
+        if hold.deciding is not None:
+            hold.deciding.cancel()
+            hold.deciding = None
+        if hold.ended is not None:
+            hold.before.append(hold.ended.utterance)
+            hold.ended = None
+
+    def _judge(self, text: str, voiced_s: float | None) -> bool:
+        verdict = is_backchannel(text, voiced_s)
+        self.held_words.append((text, voiced_s, verdict))
+        log.debug("held speech", extra={"session": self.id, "text": text, "voiced_s": voiced_s, "backchannel": verdict})
+        return verdict
 
     def _resume(self, text: str) -> None:
         hold, self._hold = self._hold, None
@@ -297,6 +316,7 @@ class Session:
         self.backchannels["interrupted"] += 1
         if hold.timer is not None:
             hold.timer.cancel()
+        self._carried.extend(hold.before)  # earlier bursts go with the speech that goes on, as a hand-over
         if hold.deciding is not None and hold.ended is not None:
             hold.deciding.cancel()
             self._carried.append(hold.ended.utterance)
