@@ -102,7 +102,13 @@ class HomeRunner:
             state=case.state,
             seconds=round(time.monotonic() - started, 2),
             first_token_ms=_first_token_ms(done),
+            prompt_tokens=_decoder(done).get("prompt_tokens"),
+            reply_tokens=_decoder(done).get("new_tokens"),
         )
+
+
+def _decoder(done: TurnDone | None) -> dict[str, Any]:
+    return (done.trace.get("decoder") or {}) if done else {}
 
 
 def _first_token_ms(done: TurnDone | None) -> float | None:
@@ -133,6 +139,12 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
             "state_right": sum(bool(r.state_right) for r in rs),
             "first_token_ms_median": statistics.median(ttft)
             if (ttft := [r.first_token_ms for r in rs if r.first_token_ms is not None])
+            else None,
+            "prompt_tokens_median": statistics.median(prompt)
+            if (prompt := [r.prompt_tokens for r in rs if r.prompt_tokens is not None])
+            else None,
+            "reply_tokens_mean": round(statistics.mean(reply), 1)
+            if (reply := [r.reply_tokens for r in rs if r.reply_tokens is not None])
             else None,
         }
 
@@ -223,8 +235,11 @@ async def bench(config: Any, argv: list[str]) -> int:
             indent=1,
         )
     )
-    ttft = summary["text"]["total"]["first_token_ms_median"]
-    print(f"median time to first token: {ttft} ms (devices: {len(cases.devices)})")
+    total = summary["text"]["total"]
+    print(
+        f"median time to first token: {total['first_token_ms_median']} ms (devices: {len(cases.devices)}); "
+        f"prompt tokens (median): {total['prompt_tokens_median']}; reply tokens (mean): {total['reply_tokens_mean']}"
+    )
     print(f"wrote {args.json}")
     return 0
 
