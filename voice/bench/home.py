@@ -192,6 +192,11 @@ async def bench(config: Any, argv: list[str]) -> int:
         action="store_true",
         help="measure the prompt alone: no check that the user's words asked for the action",
     )
+    p.add_argument(
+        "--format",
+        choices=["markers", "tools"],
+        help="how the model asks for an action (default: mqtt.action_format): [ACTION] markers or control_device calls",
+    )
     args = p.parse_args(argv)
     try:
         cases = load_cases(args.cases)
@@ -201,7 +206,8 @@ async def bench(config: Any, argv: list[str]) -> int:
     chosen = cases.cases[: args.limit]
     allowed = cases.allowed
     devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in cases.devices]
-    mqtt = config.mqtt.model_copy(update={"allowed_actions": {}, "devices": devices})
+    action_format = args.format or config.mqtt.action_format
+    mqtt = config.mqtt.model_copy(update={"allowed_actions": {}, "devices": devices, "action_format": action_format})
     assistant = await Assistant.load(config.model_copy(update={"mqtt": mqtt}))
     if args.ungrounded and assistant.home is not None:
         assistant.home.grounded = False
@@ -217,7 +223,8 @@ async def bench(config: Any, argv: list[str]) -> int:
     text = [r for r in results if not r.spoken]
     spoken = [r for r in results if r.spoken]
     summary = {"text": summarize(text, allowed)}
-    print_table(summary["text"], f"home actions, {config.models.target}, {len(text)} text cases from {args.cases}")
+    title = f"home actions ({action_format}), {config.models.target}, {len(text)} text cases from {args.cases}"
+    print_table(summary["text"], title)
     if spoken:
         summary["spoken"] = summarize(spoken, allowed)
         print_table(summary["spoken"], f"the first {len(spoken)} of them spoken (piper -> listener -> Whisper)")
@@ -227,7 +234,11 @@ async def bench(config: Any, argv: list[str]) -> int:
             {
                 "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "machine": platform.processor() or platform.machine(),
-                "config": {"target": config.models.target, "llm": config.llm.model_dump()},
+                "config": {
+                    "target": config.models.target,
+                    "llm": config.llm.model_dump(),
+                    "action_format": action_format,
+                },
                 "cases_file": str(args.cases),
                 "summary": summary,
                 "cases": [asdict(r) for r in results],

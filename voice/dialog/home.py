@@ -13,12 +13,13 @@ every turn. The state goes into the user's message, and only when the words ask 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from voice.dialog.actions import KEYWORD
+from voice.dialog.actions import ACTION_TOOL, KEYWORD
 
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
@@ -103,12 +104,21 @@ class Home:
     def allowed(self) -> dict[str, list[str]]:
         return {**self.extra, **{d.topic: list(d.payloads) for d in self.devices}}
 
-    def prompt(self) -> str:
+    @property
+    def targets(self) -> dict[str, str]:
+        """What a ``control_device`` call may name -> the command topic: each device's name, and the topic of an
+        allow-listed command that is no named device (the prompt lists it by its topic)."""
+        return {**{t: t for t in self.extra}, **{d.name: d.topic for d in self.devices}}
+
+    def prompt(self, action_format: str = "markers") -> str:
         """The system prompt for a home assistant: rules, then one line per device grouped by area.
 
-        Every command is written out as the whole marker for its first payload (measured: a bare topic list
-        made the model drop the keyword), with the other payloads after it, so the list stays one line per
-        device. Nothing here changes between turns."""
+        Markers: every command is written out as the whole marker for its first payload (measured: a bare topic
+        list made the model drop the keyword), with the other payloads after it, so the list stays one line per
+        device. Tools: the same rules and list, with the device's name and values, for the ``control_device``
+        function the chat template describes after this prompt. Nothing here changes between turns."""
+        if action_format == "tools":
+            return self._tools_prompt()
         # the examples use a switch if there is one: "switch off" -> OFF reads right for the model
         first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
         off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
@@ -134,6 +144,35 @@ class Home:
             lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in self.extra.items() for p in payloads]
         lines += [
             f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
+            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
+            f'-> you: "No, the {first.name} is {off.lower()}."',
+        ]
+        return "\n".join(lines)
+
+    def _tools_prompt(self) -> str:
+        first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
+        off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
+        call = json.dumps({"name": ACTION_TOOL, "arguments": {"device": first.name, "value": off}})
+        lines = [
+            "You are the voice assistant of a home. Answer in one or two short spoken sentences, "
+            "with no lists, code or markdown.",
+            f"You can control the devices listed below with the function {ACTION_TOOL}. Rules:",
+            f"- Only when the user asks you to change a device, call {ACTION_TOOL} once for it, with the device's "
+            "name as listed and the value the user wants, then confirm in a few words.",
+            "- A question about a device (is it on, is it open, which lights are on) is not a request: call no "
+            "function. Answer only from the state given with the question; if none is given, say you do not know.",
+            "- If the user names a device that is not listed, call no function and say you cannot control it.",
+            "- Anything else: answer briefly, with no function call.",
+            "Devices by area, each with the values it takes:",
+        ]
+        for area, devices in _by_area(self.devices):
+            lines.append(f"{area}:")
+            lines += [f"  {d.name}: {', '.join(d.payloads)}" for d in devices]
+        if self.extra:
+            lines.append("other devices:")
+            lines += [f"  {t}: {', '.join(payloads)}" for t, payloads in self.extra.items()]
+        lines += [
+            f'Example: user: "switch off the {first.name}" -> you: "<tool_call>\n{call}\n</tool_call>\nDone."',
             f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
             f'-> you: "No, the {first.name} is {off.lower()}."',
         ]

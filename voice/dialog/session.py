@@ -29,7 +29,7 @@ import numpy as np
 from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
 from voice.config import DEFAULT_SYSTEM_PROMPT, Config
-from voice.dialog.actions import action_instructions
+from voice.dialog.actions import action_instructions, action_tool, tool_instructions
 from voice.dialog.backchannel import Hold, is_backchannel
 from voice.dialog.home import Home
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
@@ -92,16 +92,29 @@ class Session:
         self._on_event = on_event or (lambda event: None)
         allowed = cfg.mqtt.allow_list
         self.home = assistant.home
+        tools_format = bool(allowed) and cfg.mqtt.action_format == "tools"
         if self.home is not None:  # a home prompt of its own: the generic one would say "helpful assistant" twice
-            self._actions_prompt = "\n\n" + self.home.prompt()
+            self._actions_prompt = "\n\n" + self.home.prompt(cfg.mqtt.action_format)
             base = "" if cfg.dialog.system_prompt == DEFAULT_SYSTEM_PROMPT else cfg.dialog.system_prompt
         else:
-            self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
+            instructions = tool_instructions if tools_format else action_instructions
+            self._actions_prompt = "\n\n" + instructions(allowed) if allowed else ""
             base = cfg.dialog.system_prompt
         self._base_prompt = base  # the configured prompt, less what the home prompt says itself
         self.conversation = assistant.engine.conversation(
             (base + self._actions_prompt).strip(), cfg.dialog.history_tokens
         )
+        # the tool-call format: the chat template shows control_device, before any client's own tools
+        self._action_tools: list[Tool] = [action_tool()] if tools_format else []
+        targets: dict[str, str] | None = None
+        if tools_format:
+            if not hasattr(self.conversation, "tools"):
+                raise ValueError(
+                    "mqtt.action_format = 'tools' needs a model whose chat template this process applies (a local "
+                    "llm.engine); fix: set mqtt.action_format = 'markers'"
+                )
+            self.conversation.tools = list(self._action_tools)
+            targets = self.home.targets if self.home is not None else {t: t for t in allowed}
         self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
         self.ctx = TurnContext(
@@ -118,6 +131,7 @@ class Session:
             stt_timeout_s=cfg.dialog.stt_timeout_s,
             allowed_actions=allowed,
             home=self.home,
+            action_targets=targets,
             session_id=self.id,
             warm=self._warm_idle,
         )
@@ -162,7 +176,7 @@ class Session:
     def tools(self, tools: list[Tool] | None) -> None:
         self.ctx.tools = tools
         if hasattr(self.conversation, "tools"):
-            self.conversation.tools = tools
+            self.conversation.tools = [*self._action_tools, *(tools or [])] or None
 
     @property
     def replying(self) -> bool:
