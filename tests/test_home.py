@@ -196,7 +196,7 @@ def tool_turn(home: Home, heard: str, text: str, tools: list | None = None) -> t
             stt_timeout_s=30,
             allowed_actions=home.allowed,
             home=home,
-            action_targets=home.targets,
+            resolve_device=home.resolve,
             tools=tools,
         )
         return await Turn(ctx, heard, LatencyTrace(1), speak=False).start().wait()
@@ -219,7 +219,10 @@ def test_the_tools_prompt_lists_names_and_values_and_no_marker(tmp_path):
     home = load(tmp_path)
     prompt = home.prompt("tools")
     assert "kitchen light: ON, OFF, 50" in prompt and ACTION_TOOL in prompt and "[ACTION" not in prompt
-    assert home.targets["garage door"] == GARAGE
+    assert home.resolve("Garage Door") == GARAGE and home.resolve(GARAGE) == GARAGE
+    assert home.resolve("the bedroom lamp light") == BEDROOM  # the one device whose name's words were all written
+    assert home.resolve("kitchen light and counter lights") == "kitchen light and counter lights"  # two fit: none
+    assert home.resolve("nursery lamp") == "nursery lamp"  # no device: no topic, refused
     assert action_tool()["function"]["name"] == ACTION_TOOL
 
 

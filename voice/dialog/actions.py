@@ -114,10 +114,10 @@ def tool_instructions(allowed: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
-def call_action(arguments: str, targets: dict[str, str]) -> tuple[str, str]:
-    """A ``control_device`` call's (topic, payload). ``targets``: device name -> command topic; a name is matched
-    without regard to case, and a topic the model wrote instead of a name is taken as it is. Nothing is trusted
-    here: an unknown device comes back as its own text, which is no topic on the allow-list, so it is refused."""
+def call_action(arguments: str, resolve: Callable[[str], str]) -> tuple[str, str]:
+    """A ``control_device`` call's (topic, payload); ``resolve`` turns the device the model named into its command
+    topic (``Home.resolve``). Nothing is trusted here: an unknown device comes back as its own text, which is no
+    topic on the allow-list, so the parser refuses it."""
     try:
         args = json.loads(arguments)
     except ValueError:
@@ -125,8 +125,7 @@ def call_action(arguments: str, targets: dict[str, str]) -> tuple[str, str]:
     if not isinstance(args, dict):
         return "", ""
     device, value = (str(args.get(key, "")).strip().strip(_QUOTES).strip() for key in ("device", "value"))
-    by_name = {name.casefold(): topic for name, topic in targets.items()}
-    return by_name.get(device.casefold(), device), value
+    return resolve(device) if device else "", value
 
 
 class ActionParser:

@@ -104,11 +104,19 @@ class Home:
     def allowed(self) -> dict[str, list[str]]:
         return {**self.extra, **{d.topic: list(d.payloads) for d in self.devices}}
 
-    @property
-    def targets(self) -> dict[str, str]:
-        """What a ``control_device`` call may name -> the command topic: each device's name, and the topic of an
-        allow-listed command that is no named device (the prompt lists it by its topic)."""
-        return {**{t: t for t in self.extra}, **{d.name: d.topic for d in self.devices}}
+    def resolve(self, device: str) -> str:
+        """The command topic of the device a ``control_device`` call names: its name (any case), a topic the model
+        wrote instead, or else the one device whose name's words are all in what it wrote (measured: the model
+        copies the user's "bedroom light lamp"). Anything else comes back as it is: no topic, so it is refused.
+        Only the name is read here; whether the user asked for that device is still the grounding's question."""
+        by_name = {d.name.casefold(): d.topic for d in self.devices}
+        if device.casefold() in by_name:
+            return by_name[device.casefold()]
+        if device in self.allowed:
+            return device
+        said = set(words(device))
+        matches = [d.topic for d in self.devices if set(words(d.name)) <= said]
+        return matches[0] if len(matches) == 1 else device
 
     def prompt(self, action_format: str = "markers") -> str:
         """The system prompt for a home assistant: rules, then one line per device grouped by area.

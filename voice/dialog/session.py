@@ -22,6 +22,7 @@ import itertools
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from typing import Protocol
 
 import numpy as np
@@ -106,7 +107,7 @@ class Session:
         )
         # the tool-call format: the chat template shows control_device, before any client's own tools
         self._action_tools: list[Tool] = [action_tool()] if tools_format else []
-        targets: dict[str, str] | None = None
+        resolve: Callable[[str], str] | None = None
         if tools_format:
             if not hasattr(self.conversation, "tools"):
                 raise ValueError(
@@ -114,7 +115,7 @@ class Session:
                     "llm.engine); fix: set mqtt.action_format = 'markers'"
                 )
             self.conversation.tools = list(self._action_tools)
-            targets = self.home.targets if self.home is not None else {t: t for t in allowed}
+            resolve = self.home.resolve if self.home is not None else str  # no named devices: topics are the names
         self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
         self.ctx = TurnContext(
@@ -131,7 +132,7 @@ class Session:
             stt_timeout_s=cfg.dialog.stt_timeout_s,
             allowed_actions=allowed,
             home=self.home,
-            action_targets=targets,
+            resolve_device=resolve,
             session_id=self.id,
             warm=self._warm_idle,
         )

@@ -64,7 +64,7 @@ class TurnContext:
     stt_timeout_s: float
     allowed_actions: dict[str, list[str]]
     home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
-    action_targets: dict[str, str] | None = None  # actions as control_device calls (name -> topic); None: markers
+    resolve_device: Callable[[str], str] | None = None  # actions as control_device calls (name -> topic); None: markers
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
     tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
@@ -257,7 +257,7 @@ class Turn:
                 return None
             self.text = text
         ground = ctx.home.grounding(self.text) if ctx.home is not None and self.text else None
-        markers = ctx.action_targets is None
+        markers = ctx.resolve_device is None
         parser = (
             ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None, markers=markers)
             if ctx.allowed_actions and self._commits
@@ -461,10 +461,10 @@ class Turn:
     def _act(self, parser: ActionParser) -> str:
         """The home actions among the tool calls made so far (the tool-call format): taken out of the calls (they
         are no client's) and decided by the parser like markers; returns what to speak for them (a refusal)."""
-        targets = self.ctx.action_targets
-        if self._tools is None or targets is None or not any(c.name == ACTION_TOOL for c in self._tools.calls):
+        resolve = self.ctx.resolve_device
+        if self._tools is None or resolve is None or not any(c.name == ACTION_TOOL for c in self._tools.calls):
             return ""
-        spoken = [parser.call(*call_action(c.arguments, targets)) for c in self._tools.calls if c.name == ACTION_TOOL]
+        spoken = [parser.call(*call_action(c.arguments, resolve)) for c in self._tools.calls if c.name == ACTION_TOOL]
         self._tools.calls[:] = [c for c in self._tools.calls if c.name != ACTION_TOOL]
         return "".join(spoken)
 
