@@ -194,8 +194,9 @@ async def bench(config: Any, argv: list[str]) -> int:
     )
     p.add_argument(
         "--format",
-        choices=["markers", "tools"],
-        help="how the model asks for an action (default: mqtt.action_format): [ACTION] markers or control_device calls",
+        choices=["markers", "tools", "constrained"],
+        help="how the model asks for an action (default: mqtt.action_format): [ACTION] markers, control_device "
+        "calls, or markers whose command is a constrained decode",
     )
     args = p.parse_args(argv)
     try:

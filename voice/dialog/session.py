@@ -133,6 +133,7 @@ class Session:
             allowed_actions=allowed,
             home=self.home,
             resolve_device=resolve,
+            constrained=bool(allowed) and cfg.mqtt.action_format == "constrained",
             session_id=self.id,
             warm=self._warm_idle,
         )

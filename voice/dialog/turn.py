@@ -24,8 +24,8 @@ from audio.resample import resample
 from llm.settings import DecodeSettings, Emission
 from voice import tasks
 from voice.config import TTSConfig
-from voice.dialog.actions import ACTION_TOOL, ActionParser, call_action
-from voice.dialog.home import Home
+from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, call_action
+from voice.dialog.home import Home, asks_state
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import (
@@ -65,6 +65,7 @@ class TurnContext:
     allowed_actions: dict[str, list[str]]
     home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
     resolve_device: Callable[[str], str] | None = None  # actions as control_device calls (name -> topic); None: markers
+    constrained: bool = False  # markers whose command is a constrained decode (mqtt.action_format = "constrained")
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
     tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
@@ -343,6 +344,8 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
+        if self.ctx.constrained and self.ctx.allowed_actions:
+            self._constrain()
         stream = self.ctx.conversation.reply(asked(self.ctx, self.text) or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
@@ -457,6 +460,23 @@ class Turn:
         finally:
             await pieces.aclose()  # cancelled while waiting on the queue: the stream stops now, not at collection
         await fragments.put(None)
+
+    def _constrain(self) -> None:
+        """After "[ACTION" the reply can only go on with a command the grounding would let through: every value of
+        each device the words name (none for a question: then it is free, and the parser refuses what comes)."""
+        ctx = self.ctx
+        constrain = getattr(ctx.conversation, "constrain", None)
+        if constrain is None:
+            return
+        if ctx.home is None:
+            commands = ctx.allowed_actions
+        elif asks_state(self.text) or not ctx.home.grounded:
+            commands = {} if ctx.home.grounded else ctx.home.allowed
+        else:
+            commands = {d.topic: list(d.payloads) for d in ctx.home.named(self.text)}
+        constrain(
+            f"[{KEYWORD}", [f" {topic} {payload}]" for topic, payloads in commands.items() for payload in payloads]
+        )
 
     def _act(self, parser: ActionParser) -> str:
         """The home actions among the tool calls made so far (the tool-call format): taken out of the calls (they
