@@ -169,6 +169,10 @@ class ScriptedChat(ChatHistory):
         super().__init__("system")
         self.text = text
         self.last_stats = None
+        self.constrained: tuple[str, list[str]] | None = None  # what the turn asked ``constrain`` for
+
+    def constrain(self, trigger: str, choices: list[str]) -> None:
+        self.constrained = (trigger, choices)
 
     async def reply(self, user_text, settings=None, *, commit=True):
         self._pending = [*self.messages, {"role": "user", "content": user_text}]
@@ -176,8 +180,10 @@ class ScriptedChat(ChatHistory):
             yield Emission(self.text[i : i + 3], [], time.monotonic())
 
 
-def tool_turn(home: Home, heard: str, text: str, tools: list | None = None) -> tuple[str, list, ScriptedChat]:
-    """One turn in the tool-call format: what was spoken, the events, and the chat (its history)."""
+def tool_turn(
+    home: Home, heard: str, text: str, tools: list | None = None, action_format: str = "tools"
+) -> tuple[str, list, ScriptedChat]:
+    """One turn in the tool-call (or constrained) format: what was spoken, the events, and the chat."""
     events: list = []
     chat = ScriptedChat(text)
 
@@ -196,7 +202,8 @@ def tool_turn(home: Home, heard: str, text: str, tools: list | None = None) -> t
             stt_timeout_s=30,
             allowed_actions=home.allowed,
             home=home,
-            resolve_device=home.resolve,
+            resolve_device=home.resolve if action_format == "tools" else None,
+            constrained=action_format == "constrained",
             tools=tools,
         )
         return await Turn(ctx, heard, LatencyTrace(1), speak=False).start().wait()
@@ -272,3 +279,13 @@ def test_the_tools_format_is_a_config_key_with_markers_the_default(tmp_path):
     assert config.mqtt.action_format == "tools"
     with pytest.raises(ConfigError, match="action_format"):
         load_config(_write(tmp_path, DEVICES + '\n[mqtt]\naction_format = "json"\n'), environ={})
+
+
+def test_the_constrained_format_decodes_only_the_named_devices_commands_after_the_keyword(tmp_path):
+    home = load(tmp_path)
+    raw = f"[ACTION {GARAGE} OPEN] Opening it."
+    spoken, events, chat = tool_turn(home, "open the garage door", raw, action_format="constrained")
+    assert spoken == "Opening it." and actions(events) == [(GARAGE, "OPEN", True)]  # markers, as ever
+    assert chat.constrained == ("[ACTION", [f" {GARAGE} OPEN]", f" {GARAGE} CLOSE]"])
+    _, _, chat = tool_turn(home, "is the garage door open?", "It is open.", action_format="constrained")
+    assert chat.constrained == ("[ACTION", [])  # a question: nothing to choose (the parser refuses any marker)
