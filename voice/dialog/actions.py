@@ -20,6 +20,8 @@ The other format (``mqtt.action_format = "tools"``): the chat template shows the
 ``ToolCallParser`` (voice/dialog/toolcalls.py) cuts the call out of the stream as it does a client's; the call is
 turned into a topic and payload (``call_action``) and given to ``ActionParser.call``: the same allow-list, grounding,
 once-per-device and refusal speech as a marker. With that format the parser reads no markers (``markers=False``).
+A third (``"constrained"``) keeps the markers, and the turn has the decode after ``[ACTION`` go on only with a
+command of a device the user's words name (voice/dialog/turn.py ``_constrain``, llm/constrain.py).
 """
 
 from __future__ import annotations
