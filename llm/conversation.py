@@ -31,6 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any, Protocol, TypeVar
 
 from llm.cache import CachedLM, common_prefix
+from llm.constrain import ChoiceConstraint
 from llm.history import ChatHistory
 from llm.settings import HISTORY_TOKENS, DecodeSettings, DecodeStats, Emission
 from llm.speculative import Generation
@@ -52,7 +53,12 @@ class Engine(Protocol):
     def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int: ...
 
     def generation(
-        self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
+        self,
+        prompt: list[int],
+        settings: DecodeSettings,
+        target: CachedLM,
+        draft: CachedLM | None,
+        constraint: ChoiceConstraint | None = None,
     ) -> Generation: ...
 
     async def run(self, fn: Callable[..., T], *args: Any) -> T: ...
@@ -88,6 +94,13 @@ class Conversation(ChatHistory):
         # functions the model may call, in the chat template's format ([{"type": "function", "function": {...}}]);
         # the template shows them to the model, which answers with a call in its own syntax (voice/dialog/toolcalls.py)
         self.tools: list[dict[str, Any]] | None = None
+        self.constraint: ChoiceConstraint | None = None  # the next reply's constrained stretch (``constrain``)
+
+    def constrain(self, trigger: str, choices: list[str]) -> ChoiceConstraint | None:
+        """The next reply continues its text after ``trigger`` only with one of ``choices`` (llm/constrain.py);
+        no choices: no constraint. Returns it (its ``used`` counts the constrained tokens)."""
+        self.constraint = ChoiceConstraint(self.engine.tokenizer, trigger, choices) if choices else None
+        return self.constraint
 
     @property
     def cached_tokens(self) -> tuple[int, int | None]:
@@ -335,7 +348,8 @@ class Conversation(ChatHistory):
         reused = self._target.keep_prefix_of(prompt)
         if self._draft is not None:
             self._draft.keep_prefix_of(prompt)
-        return self.engine.generation(prompt, settings, self._target, self._draft), reused
+        constraint, self.constraint = self.constraint, None  # for this reply only
+        return self.engine.generation(prompt, settings, self._target, self._draft, constraint), reused
 
     def trim_last_reply(self, spoken_text: str) -> None:
         """Barge-in: the last assistant message becomes what the user heard, and the caches drop the rest.

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import torch
 
 from llm.cache import CachedLM, TorchCachedLM, head_rows
+from llm.constrain import ChoiceConstraint
 from llm.models import (
     align_draft_head,
     check_compatible,
@@ -296,7 +297,12 @@ class Engine:
         return DraftLengthPolicy(fixed=settings.draft_length, max_k=settings.draft_length)
 
     def generation(
-        self, prompt: list[int], settings: DecodeSettings, target: CachedLM, draft: CachedLM | None
+        self,
+        prompt: list[int],
+        settings: DecodeSettings,
+        target: CachedLM,
+        draft: CachedLM | None,
+        constraint: ChoiceConstraint | None = None,
     ) -> Generation:
         mode = settings.mode
         if mode == "draft" and draft is None and (self.drafter == "draft" or isinstance(settings.draft_length, int)):
@@ -328,6 +334,7 @@ class Engine:
             self.policy_for(settings),
             generator,
             settings.prefill_chunk,
+            constraint,
         )
 
     def check_prompt(self, prompt: list[int], settings: DecodeSettings) -> int:

@@ -18,6 +18,7 @@ import torch
 
 from llm.acceptance import verify, verify_greedy
 from llm.cache import CachedLM, TorchCachedLM
+from llm.constrain import ChoiceConstraint
 from llm.policy import DraftLengthPolicy, DraftStep
 from llm.proposers import Proposal, Proposer
 from llm.sampling import SamplingParams, draw
@@ -53,6 +54,7 @@ class Generation:
     policy: DraftLengthPolicy
     generator: torch.Generator | None = None
     prefill_chunk: int = 0  # 0: the whole prompt in one pass
+    constraint: ChoiceConstraint | None = None  # a short constrained stretch after a trigger text (llm/constrain.py)
     seq: list[int] = field(init=False)
     new_tokens: list[int] = field(default_factory=list)
     done: bool = False
@@ -83,6 +85,9 @@ class Generation:
         return self._speculate()
 
     def _speculate(self) -> list[int]:
+        if self.constraint is not None and (allowed := self.constraint.allowed(self.new_tokens)) is not None:
+            row = self.target.logits(self.seq)[-1]  # one target pass, its choice among the allowed tokens only
+            return self._commit([allowed[int(row[allowed].argmax())]], 0, 0, 1)
         remaining = self.max_new_tokens - len(self.new_tokens)
         k = self.policy.choose(remaining) if self.proposer is not None else 0
         proposal = Proposal([], None)
@@ -91,6 +96,10 @@ class Generation:
                 self.seq, k, self.params, self.generator, self.stop_ids, self.policy.keep_drafting
             )
         drafts = proposal.tokens[:k]
+        q = proposal.q
+        if self.constraint is not None:  # no drafted token may complete the trigger: the target's own step does
+            drafts = drafts[: self.constraint.free_drafts(self.new_tokens, drafts)]
+            q = q[: len(drafts)] if q is not None else None
         siblings = proposal.siblings[: len(drafts)]
         start = time.perf_counter()
         if any(siblings):  # a token tree: one pass over all nodes, then keep the accepted path's cache only
@@ -98,7 +107,7 @@ class Generation:
                 raise NotImplementedError("token trees run on the torch engine only; fix: set llm.tree = false")
             nodes, parents = proposal.tree(k)
             p = self.params.probs(tree_logits(self.target, self.seq, nodes, parents))
-            committed, path = verify(drafts, proposal.q, p, self.params.greedy, self.generator, siblings)
+            committed, path = verify(drafts, q, p, self.params.greedy, self.generator, siblings)
             keep_path(self.target, nodes, path)
             fed = len(nodes) + 1
         elif self.params.greedy:  # the target's choices alone: no distribution over the vocabulary is built
@@ -106,7 +115,7 @@ class Generation:
             fed = len(drafts) + 1
         else:
             p = self.params.probs(self.target.logits(self.seq, drafts))
-            committed, path = verify(drafts, proposal.q, p, False, self.generator)
+            committed, path = verify(drafts, q, p, False, self.generator)
             fed = len(drafts) + 1
         accepted = len(path)
         chain_accepted = sum(1 for j in path if j < len(drafts))  # a sibling is the node after the chain's part

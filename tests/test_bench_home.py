@@ -100,11 +100,12 @@ def test_an_unreadable_or_non_json_file_is_a_clear_error(tmp_path):
 
 
 @functools.cache
-def generate() -> dict:
+def generate(*options: str) -> dict:
     """The generator's output, through its command (tests never import benchmark code)."""
     with tempfile.TemporaryDirectory() as folder:
         out = Path(folder) / "cases.json"
-        subprocess.run([sys.executable, "-m", "voice.bench.home_cases", "--out", str(out)], check=True, timeout=300)
+        command = [sys.executable, "-m", "voice.bench.home_cases", "--out", str(out), *options]
+        subprocess.run(command, check=True, timeout=300)
         return json.loads(out.read_text())
 
 
@@ -133,6 +134,33 @@ def test_the_generator_covers_every_intent_with_actions_on_the_device_list():
 def test_the_committed_case_file_is_what_the_generator_makes():
     """Stable seeded sampling: regenerating gives the committed file (else regenerate it and commit)."""
     assert json.loads(DEFAULT_CASES.read_text()) == generate()
+
+
+@pytest.mark.parametrize("devices, areas", [(10, range(5, 6)), (40, range(12, 20))])
+def test_the_generator_makes_a_home_of_any_size_the_same_way_each_time(devices, areas):
+    """``--devices N``: a small flat or a big house, seeded (twice the same file), its cases valid for its devices."""
+    data = generate("--devices", str(devices))
+    with tempfile.TemporaryDirectory() as folder:  # a second run, not the cached first one
+        out = Path(folder) / "again.json"
+        again = [sys.executable, "-m", "voice.bench.home_cases", "--devices", str(devices), "--out", str(out)]
+        subprocess.run(again, check=True, timeout=300)
+        assert json.loads(out.read_text()) == data
+    cases = parse_cases(data, f"{devices} devices")
+    assert len(cases.devices) == devices and len({d.area for d in cases.devices}) in areas
+    assert len(cases.cases) == len(generate()["cases"])  # the same mix of requests over a different home
+    by_topic = {d.topic: d for d in cases.devices}
+    commanded = {c.expect["topic"] for c in cases.cases if c.expect}
+    assert all(by_topic[c.expect["topic"]].name in c.say for c in cases.cases if c.expect)
+    assert len(commanded) == devices  # every device is asked for
+    shipped = {d["name"] for d in generate()["devices"]}
+    names = {d.name for d in cases.devices}
+    assert names < shipped if devices < len(shipped) else shipped < names  # smaller homes keep the common devices
+
+
+def test_a_home_size_the_generator_does_not_make_is_a_usage_error(tmp_path):
+    command = [sys.executable, "-m", "voice.bench.home_cases", "--devices", "2", "--out", str(tmp_path / "x.json")]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "--devices: 2 is not in" in done.stderr and not (tmp_path / "x.json").exists()
 
 
 def test_only_allowed_requests_count_as_published_and_the_reply_must_match_the_deed():

@@ -1,16 +1,26 @@
 """The named home (mqtt.devices): its system prompt, the grounding of a reply's actions in the user's words, the
 state shown when the user asks about state, and a broken device entry refused with its fix. Real parts only: the
-config loader, the marker parser and voice/dialog/home.py (no model: what the model writes is given here)."""
+config loader, the marker parser and voice/dialog/home.py (no model: what the model writes is given here); and the
+tool-call format (mqtt.action_format = "tools") through a real Turn, over a chat that replies with given text."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import time
 from pathlib import Path
 
 import pytest
 
+from llm.history import ChatHistory
+from llm.settings import DecodeSettings, Emission
 from voice.config import ConfigError, load_config
-from voice.dialog.actions import REFUSED_SPEECH, ActionParser
+from voice.config_speech import TTSConfig
+from voice.dialog.actions import ACTION_TOOL, REFUSED_SPEECH, ActionParser, action_tool
 from voice.dialog.home import Home, asks_state
+from voice.dialog.turn import Turn, TurnContext
+from voice.events import ActionRequested, ToolCallRequested
+from voice.latency import LatencyStats, LatencyTrace
 
 KITCHEN = "home/kitchen/light/set"
 COUNTER = "home/kitchen/counter/set"
@@ -147,3 +157,135 @@ def _write(tmp_path: Path, text: str) -> Path:
     path = tmp_path / "home.toml"
     path.write_text(text)
     return path
+
+
+# ---- the tool-call format (mqtt.action_format = "tools"): a real Turn over a chat that replies with fixed text ----
+
+
+class ScriptedChat(ChatHistory):
+    """Replies with the given text, a few characters per emission (as tokens come), and keeps the history."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__("system")
+        self.text = text
+        self.last_stats = None
+        self.constrained: tuple[str, list[str]] | None = None  # what the turn asked ``constrain`` for
+
+    def constrain(self, trigger: str, choices: list[str]) -> None:
+        self.constrained = (trigger, choices)
+
+    async def reply(self, user_text, settings=None, *, commit=True):
+        self._pending = [*self.messages, {"role": "user", "content": user_text}]
+        for i in range(0, len(self.text), 3):
+            yield Emission(self.text[i : i + 3], [], time.monotonic())
+
+
+def tool_turn(
+    home: Home, heard: str, text: str, tools: list | None = None, action_format: str = "tools"
+) -> tuple[str, list, ScriptedChat]:
+    """One turn in the tool-call (or constrained) format: what was spoken, the events, and the chat."""
+    events: list = []
+    chat = ScriptedChat(text)
+
+    async def run():
+        ctx = TurnContext(
+            conversation=chat,
+            decode=DecodeSettings(),
+            tts=None,  # type: ignore[arg-type]  # text only: nothing is synthesized
+            tts_config=TTSConfig(),
+            sink=None,
+            emit=events.append,
+            set_state=lambda state: None,
+            generation_lock=asyncio.Lock(),
+            stats=LatencyStats(),
+            turn_timeout_s=30,
+            stt_timeout_s=30,
+            allowed_actions=home.allowed,
+            home=home,
+            resolve_device=home.resolve if action_format == "tools" else None,
+            constrained=action_format == "constrained",
+            tools=tools,
+        )
+        return await Turn(ctx, heard, LatencyTrace(1), speak=False).start().wait()
+
+    done = asyncio.run(run())
+    assert done is not None
+    return done.reply, events, chat
+
+
+def actions(events: list) -> list[tuple[str, str, bool]]:
+    return [(e.topic, e.payload, e.allowed) for e in events if isinstance(e, ActionRequested)]
+
+
+def call(device: str, value: str) -> str:
+    body = json.dumps({"name": ACTION_TOOL, "arguments": {"device": device, "value": value}})
+    return f"<tool_call>\n{body}\n</tool_call>"
+
+
+def test_the_tools_prompt_lists_names_and_values_and_no_marker(tmp_path):
+    home = load(tmp_path)
+    prompt = home.prompt("tools")
+    assert "kitchen light: ON, OFF, 50" in prompt and ACTION_TOOL in prompt and "[ACTION" not in prompt
+    assert home.resolve("Garage Door") == GARAGE and home.resolve(GARAGE) == GARAGE
+    assert home.resolve("the bedroom lamp light") == BEDROOM  # the one device whose name's words were all written
+    assert home.resolve("kitchen light and counter lights") == "kitchen light and counter lights"  # two fit: none
+    assert home.resolve("nursery lamp") == "nursery lamp"  # no device: no topic, refused
+    assert action_tool()["function"]["name"] == ACTION_TOOL
+
+
+def test_a_tool_call_for_the_named_device_acts_and_is_not_spoken(tmp_path):
+    home = load(tmp_path)
+    raw = call("Kitchen Light", "on") + "\nDone, it is on."
+    spoken, events, chat = tool_turn(home, "turn on the kitchen light", raw)
+    assert spoken == "Done, it is on." and actions(events) == [(KITCHEN, "ON", True)]  # the allow-list's spelling
+    assert not any(isinstance(e, ToolCallRequested) for e in events)  # no client's call
+    assert chat.messages[-1] == {"role": "assistant", "content": raw}  # the history shows the model its own call
+
+
+def test_a_bare_json_call_counts_too_and_a_topic_for_a_name_is_taken(tmp_path):
+    home = load(tmp_path)
+    raw = f'{{"name": "{ACTION_TOOL}", "arguments": {{"device": "{GARAGE}", "value": "OPEN"}}}} Opening it.'
+    spoken, events, _ = tool_turn(home, "open the garage door", raw)
+    assert spoken.strip() == "Opening it." and actions(events) == [(GARAGE, "OPEN", True)]
+
+
+@pytest.mark.parametrize(
+    "heard, raw, refused",
+    [
+        ("turn off the nursery lamp", call("nursery lamp", "OFF"), ("nursery lamp", "OFF")),  # not on the list
+        ("turn off the nursery lamp", call("bedroom lamp", "OFF"), (BEDROOM, "OFF")),  # not what the user named
+        ("is the garage door open?", call("garage door", "OPEN"), (GARAGE, "OPEN")),  # a question never acts
+        ("dim the kitchen light", call("kitchen light", "30"), (KITCHEN, "30")),  # no such value
+    ],
+)
+def test_a_tool_call_passes_the_same_checks_as_a_marker_and_a_refusal_is_said(tmp_path, heard, raw, refused):
+    home = load(tmp_path)
+    spoken, events, _ = tool_turn(home, heard, raw + "\nDone, all set.")
+    assert actions(events) == [(*refused, False)] and spoken == REFUSED_SPEECH.strip()  # the lie is not spoken
+
+
+def test_a_clients_own_tool_is_still_the_clients_next_to_a_home_call(tmp_path):
+    home = load(tmp_path)
+    weather = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
+    raw = call("kitchen light", "OFF") + '<tool_call>\n{"name": "get_weather", "arguments": {}}\n</tool_call>'
+    _, events, _ = tool_turn(home, "turn off the kitchen light and what is the weather", raw, [weather])
+    assert actions(events) == [(KITCHEN, "OFF", True)]
+    assert [e.name for e in events if isinstance(e, ToolCallRequested)] == ["get_weather"]
+
+
+def test_the_tools_format_is_a_config_key_with_markers_the_default(tmp_path):
+    assert load_config(_write(tmp_path, DEVICES), environ={}).mqtt.action_format == "markers"
+    config = load_config(_write(tmp_path, DEVICES + '\n[mqtt]\naction_format = "tools"\n'), environ={})
+    assert config.mqtt.action_format == "tools"
+    with pytest.raises(ConfigError, match="action_format"):
+        load_config(_write(tmp_path, DEVICES + '\n[mqtt]\naction_format = "json"\n'), environ={})
+
+
+def test_the_constrained_format_decodes_only_the_named_devices_commands_after_the_keyword(tmp_path):
+    home = load(tmp_path)
+    raw = f"[ACTION {GARAGE} OPEN] Opening it."
+    spoken, events, chat = tool_turn(home, "open the garage door", raw, action_format="constrained")
+    assert spoken == "Opening it." and actions(events) == [(GARAGE, "OPEN", True)]  # markers, as ever
+    assert chat.constrained == ("[ACTION", [f" {GARAGE} OPEN]", f" {GARAGE} CLOSE]"])
+    _, _, chat = tool_turn(home, "is the garage door open?", "It is open.", action_format="constrained")
+    assert chat.constrained == ("[ACTION", [])  # a question: nothing to choose (the parser refuses any marker)

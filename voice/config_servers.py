@@ -141,6 +141,13 @@ class MQTTConfig(_Section):
         description="named devices by area (the assistant's home): their topics join the allow-list, and "
         "their state topics are followed to answer questions about state",
     )
+    action_format: Literal["markers", "tools", "constrained"] = Field(
+        "markers",
+        description="how the model asks for an action: 'markers' ([ACTION topic payload] in the reply), 'tools' "
+        "(a control_device call through the chat template, Hermes <tool_call> syntax) or 'constrained' (markers, "
+        "and after '[ACTION' only a command for a device the user's words name can be decoded); the last two need "
+        "a local model. All pass the same allow-list and grounding; `specvoice bench home --format` compares them",
+    )
     events: dict[str, str] = Field(
         default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
     )

@@ -182,6 +182,8 @@ class Result:
     seconds: float = 0.0
     state_right: bool | None = None  # a question about state: the reply says the state it was given
     first_token_ms: float | None = None  # from the question to the model's first token (prefill included)
+    prompt_tokens: int | None = None  # the whole prompt the model read (system prompt, tools, the question)
+    reply_tokens: int | None = None  # tokens the model wrote, action markers or tool calls included
 
     def __post_init__(self) -> None:
         if self.state_right is None and self.state and not self.expect:

@@ -102,7 +102,13 @@ class HomeRunner:
             state=case.state,
             seconds=round(time.monotonic() - started, 2),
             first_token_ms=_first_token_ms(done),
+            prompt_tokens=_decoder(done).get("prompt_tokens"),
+            reply_tokens=_decoder(done).get("new_tokens"),
         )
+
+
+def _decoder(done: TurnDone | None) -> dict[str, Any]:
+    return (done.trace.get("decoder") or {}) if done else {}
 
 
 def _first_token_ms(done: TurnDone | None) -> float | None:
@@ -133,6 +139,12 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
             "state_right": sum(bool(r.state_right) for r in rs),
             "first_token_ms_median": statistics.median(ttft)
             if (ttft := [r.first_token_ms for r in rs if r.first_token_ms is not None])
+            else None,
+            "prompt_tokens_median": statistics.median(prompt)
+            if (prompt := [r.prompt_tokens for r in rs if r.prompt_tokens is not None])
+            else None,
+            "reply_tokens_mean": round(statistics.mean(reply), 1)
+            if (reply := [r.reply_tokens for r in rs if r.reply_tokens is not None])
             else None,
         }
 
@@ -180,6 +192,12 @@ async def bench(config: Any, argv: list[str]) -> int:
         action="store_true",
         help="measure the prompt alone: no check that the user's words asked for the action",
     )
+    p.add_argument(
+        "--format",
+        choices=["markers", "tools", "constrained"],
+        help="how the model asks for an action (default: mqtt.action_format): [ACTION] markers, control_device "
+        "calls, or markers whose command is a constrained decode",
+    )
     args = p.parse_args(argv)
     try:
         cases = load_cases(args.cases)
@@ -189,7 +207,8 @@ async def bench(config: Any, argv: list[str]) -> int:
     chosen = cases.cases[: args.limit]
     allowed = cases.allowed
     devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in cases.devices]
-    mqtt = config.mqtt.model_copy(update={"allowed_actions": {}, "devices": devices})
+    action_format = args.format or config.mqtt.action_format
+    mqtt = config.mqtt.model_copy(update={"allowed_actions": {}, "devices": devices, "action_format": action_format})
     assistant = await Assistant.load(config.model_copy(update={"mqtt": mqtt}))
     if args.ungrounded and assistant.home is not None:
         assistant.home.grounded = False
@@ -205,7 +224,8 @@ async def bench(config: Any, argv: list[str]) -> int:
     text = [r for r in results if not r.spoken]
     spoken = [r for r in results if r.spoken]
     summary = {"text": summarize(text, allowed)}
-    print_table(summary["text"], f"home actions, {config.models.target}, {len(text)} text cases from {args.cases}")
+    title = f"home actions ({action_format}), {config.models.target}, {len(text)} text cases from {args.cases}"
+    print_table(summary["text"], title)
     if spoken:
         summary["spoken"] = summarize(spoken, allowed)
         print_table(summary["spoken"], f"the first {len(spoken)} of them spoken (piper -> listener -> Whisper)")
@@ -215,7 +235,11 @@ async def bench(config: Any, argv: list[str]) -> int:
             {
                 "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
                 "machine": platform.processor() or platform.machine(),
-                "config": {"target": config.models.target, "llm": config.llm.model_dump()},
+                "config": {
+                    "target": config.models.target,
+                    "llm": config.llm.model_dump(),
+                    "action_format": action_format,
+                },
                 "cases_file": str(args.cases),
                 "summary": summary,
                 "cases": [asdict(r) for r in results],
@@ -223,8 +247,11 @@ async def bench(config: Any, argv: list[str]) -> int:
             indent=1,
         )
     )
-    ttft = summary["text"]["total"]["first_token_ms_median"]
-    print(f"median time to first token: {ttft} ms (devices: {len(cases.devices)})")
+    total = summary["text"]["total"]
+    print(
+        f"median time to first token: {total['first_token_ms_median']} ms (devices: {len(cases.devices)}); "
+        f"prompt tokens (median): {total['prompt_tokens_median']}; reply tokens (mean): {total['reply_tokens_mean']}"
+    )
     print(f"wrote {args.json}")
     return 0
 

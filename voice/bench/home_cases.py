@@ -8,8 +8,14 @@ regenerate the file, not to run the benchmark::
 
     pip install home-assistant-intents hassil
     python -m voice.bench.home_cases --out configs/home_cases.json
+    python -m voice.bench.home_cases --devices 10 --out /tmp/flat.json   # a small flat; 40: a big house
 
-Sampling is seeded, so the same package versions give the same file. What is generated:
+Sampling is seeded, so the same package versions give the same file. ``--devices N`` (5 to 48; 26 is the shipped
+file) builds a home of N devices: the N most common of a ranked catalogue, so 10 is a small flat (kitchen, living
+room, bedroom, bathroom, hallway), 26 adds an office, a garage and a garden, and 40 is a big house with a dining
+room, a kids' room, a guest room, a laundry, a basement, stairs and a patio. The number of cases stays the same,
+so files of different sizes measure the same mix of requests over a longer or shorter device list. What is
+generated:
 
 * HassTurnOn / HassTurnOff on lights, switches and fans (payload ON / OFF) and on covers (OPEN / CLOSE);
 * HassLightSet brightness on the lights whose payloads include brightness levels;
@@ -67,7 +73,7 @@ class HomeDevice:
         }
 
 
-# 26 devices in 8 areas: what a real flat with a few smart plugs and blinds has
+# 26 devices in 8 areas: what a real flat with a few smart plugs and blinds has (the shipped case file)
 HOME = [
     HomeDevice("kitchen light", "kitchen", "light", DIMMABLE),
     HomeDevice("counter lights", "kitchen", "light", ON_OFF),
@@ -96,6 +102,54 @@ HOME = [
     HomeDevice("garden lights", "garden", "light", ON_OFF),
     HomeDevice("sprinkler", "garden", "switch", ON_OFF),
 ]
+# which of HOME a smaller home keeps, most common first: the first 10 are a small flat's five rooms
+HOME_RANK = [
+    "kitchen light", "ceiling light", "bedroom light", "bathroom light", "hallway light", "floor lamp",
+    "bedside lamp", "tv socket", "coffee machine", "living room curtains",
+    "bedroom fan", "extractor fan", "bedroom blinds", "counter lights", "kitchen blind", "ceiling fan", "desk lamp",
+    "office light", "printer", "office shutter", "towel warmer", "porch light", "garage door", "garage light",
+    "garden lights", "sprinkler",
+]  # fmt: skip
+# what a bigger house adds to HOME, in this order: new rooms first, then more in the rooms there are. No name's
+# words contain another device's (grounding: "the dining room ceiling light" would also name the "ceiling light"),
+# and none is one of UNLISTED's
+BIGGER = [
+    HomeDevice("dining room chandelier", "dining room", "light", DIMMABLE),
+    HomeDevice("dining room blinds", "dining room", "cover", OPEN_CLOSE),
+    HomeDevice("night light", "kids room", "light", DIMMABLE),
+    HomeDevice("kids room blinds", "kids room", "cover", OPEN_CLOSE),
+    HomeDevice("washing machine", "laundry room", "switch", ON_OFF),
+    HomeDevice("laundry light", "laundry room", "light", ON_OFF),
+    HomeDevice("guest room light", "guest room", "light", DIMMABLE),
+    HomeDevice("guest room fan", "guest room", "fan", ON_OFF),
+    HomeDevice("basement light", "basement", "light", ON_OFF),
+    HomeDevice("dehumidifier", "basement", "switch", ON_OFF),
+    HomeDevice("stair lights", "stairs", "light", ON_OFF),
+    HomeDevice("patio heater", "patio", "switch", ON_OFF),
+    HomeDevice("string lights", "patio", "light", ON_OFF),
+    HomeDevice("patio awning", "patio", "cover", OPEN_CLOSE),
+    HomeDevice("reading lamp", "living room", "light", DIMMABLE),
+    HomeDevice("dishwasher", "kitchen", "switch", ON_OFF),
+    HomeDevice("closet light", "bedroom", "light", ON_OFF),
+    HomeDevice("car charger", "garage", "switch", ON_OFF),
+    HomeDevice("pool pump", "patio", "switch", ON_OFF),
+    HomeDevice("soundbar", "living room", "switch", ON_OFF),
+    HomeDevice("dryer", "laundry room", "switch", ON_OFF),
+    HomeDevice("bunk bed lamp", "kids room", "light", ON_OFF),
+]
+MIN_DEVICES, MAX_DEVICES = 5, len(HOME) + len(BIGGER)
+
+
+def home_of(n: int = len(HOME)) -> list[HomeDevice]:
+    """A home of ``n`` devices: the ``n`` most common of HOME then BIGGER, in their own order (HOME itself for 26)."""
+    if not MIN_DEVICES <= n <= MAX_DEVICES:
+        raise ValueError(f"a home of {n} devices is not made here; fix: give {MIN_DEVICES} to {MAX_DEVICES}")
+    if n <= len(HOME):
+        keep = set(HOME_RANK[:n])
+        return [d for d in HOME if d.name in keep]
+    return [*HOME, *BIGGER[: n - len(HOME)]]
+
+
 # in the home but not on the allow-list: a request for them must publish nothing
 UNLISTED = [
     HomeDevice("front door lock", "hallway", "lock", ["LOCK", "UNLOCK"]),
@@ -197,8 +251,9 @@ def _sample(rng: random.Random, intents: Any, templates: list[Any], device: Home
     return None
 
 
-def generate(seed: int = SEED) -> dict[str, Any]:
-    """The case file as a dict (``devices`` + shuffled ``cases``), from Home Assistant's English sentences."""
+def generate(seed: int = SEED, devices: int = len(HOME)) -> dict[str, Any]:
+    """The case file as a dict (``devices`` + shuffled ``cases``) for a home of ``devices`` devices, from Home
+    Assistant's English sentences."""
     import home_assistant_intents
     from hassil.intents import Intents
 
@@ -206,6 +261,7 @@ def generate(seed: int = SEED) -> dict[str, Any]:
     if english is None:
         raise RuntimeError("home-assistant-intents has no English sentences; fix: reinstall the package")
     intents = Intents.from_dict(english)
+    home = home_of(devices)
     rng = random.Random(seed)
     cases: list[dict[str, Any]] = []
 
@@ -240,27 +296,37 @@ def generate(seed: int = SEED) -> dict[str, Any]:
                 case["state"] = state
             cases.append(case)
 
-    add("HassTurnOn", HOME, COUNTS["HassTurnOn"])
-    add("HassTurnOff", HOME, COUNTS["HassTurnOff"])
-    add("HassLightSet", [d for d in HOME if "50" in d.payloads], COUNTS["HassLightSet"])
-    add("HassGetState", [d for d in HOME if d.domain in STATES], COUNTS["HassGetState"])
+    add("HassTurnOn", home, COUNTS["HassTurnOn"])
+    add("HassTurnOff", home, COUNTS["HassTurnOff"])
+    add("HassLightSet", [d for d in home if "50" in d.payloads], COUNTS["HassLightSet"])
+    add("HassGetState", [d for d in home if d.domain in STATES], COUNTS["HassGetState"])
     add("HassTurnOn", UNLISTED, COUNTS["NotOnList"] // 2, unlisted=True)
     add("HassTurnOff", UNLISTED, COUNTS["NotOnList"], unlisted=True)
     cases += [{"say": line, "expect": None, "intent": "chitchat"} for line in CHITCHAT]
     rng.shuffle(cases)
-    return {"devices": [d.to_json() for d in HOME], "cases": cases}
+    return {"devices": [d.to_json() for d in home], "cases": cases}
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m voice.bench.home_cases", description=__doc__.split("\n")[0])
     p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"default: {DEFAULT_OUT.name} in configs/")
     p.add_argument("--seed", type=int, default=SEED)
+    p.add_argument(
+        "--devices",
+        type=int,
+        default=len(HOME),
+        help=f"how many devices the home has ({MIN_DEVICES}-{MAX_DEVICES}; default {len(HOME)}: the shipped file; "
+        "10 is a small flat, 40 a big house)",
+    )
     args = p.parse_args(argv)
-    data = generate(args.seed)
+    if not MIN_DEVICES <= args.devices <= MAX_DEVICES:
+        p.error(f"--devices: {args.devices} is not in {MIN_DEVICES}-{MAX_DEVICES}")
+    data = generate(args.seed, args.devices)
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     kinds = sorted({c["intent"] for c in data["cases"]})
     per = ", ".join(f"{k} {sum(c['intent'] == k for c in data['cases'])}" for k in kinds)
-    print(f"wrote {args.out}: {len(data['devices'])} devices, {len(data['cases'])} cases ({per})")
+    areas = len({d["area"] for d in data["devices"]})
+    print(f"wrote {args.out}: {len(data['devices'])} devices in {areas} areas, {len(data['cases'])} cases ({per})")
     return 0
 
 

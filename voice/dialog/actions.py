@@ -14,11 +14,21 @@ ones for the same topic are dropped. Everything else is refused with a reason.
 
 After a refused marker the rest of the reply is not spoken: small models confirm what they asked for
 ("Done, the front door is unlocked") whether or not it happened. The user hears ``REFUSED_SPEECH`` instead.
+
+The other format (``mqtt.action_format = "tools"``): the chat template shows the model one function,
+``control_device(device, value)`` (``action_tool``), and the model calls it in its trained Hermes syntax. The turn's
+``ToolCallParser`` (voice/dialog/toolcalls.py) cuts the call out of the stream as it does a client's; the call is
+turned into a topic and payload (``call_action``) and given to ``ActionParser.call``: the same allow-list, grounding,
+once-per-device and refusal speech as a marker. With that format the parser reads no markers (``markers=False``).
+A third (``"constrained"``) keeps the markers, and the turn has the decode after ``[ACTION`` go on only with a
+command of a device the user's words name (voice/dialog/turn.py ``_constrain``, llm/constrain.py).
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
+from typing import Any
 
 from voice.events import ActionRequested
 
@@ -28,6 +38,7 @@ KEYWORD = "ACTION"  # the marker is "[" + KEYWORD + whitespace + body + "]" (key
 MAX_BODY_CHARS = 200  # a marker body longer than this is not a marker the model meant: refused
 _QUOTES = "\"'`"
 REFUSED_SPEECH = " Sorry, I can't do that."
+ACTION_TOOL = "control_device"  # the function of the tool-call format (mqtt.action_format = "tools")
 
 
 def check_allowed(allowed: dict[str, list[str]]) -> None:
@@ -72,6 +83,53 @@ def action_instructions(allowed: dict[str, list[str]]) -> str:
     return "\n".join(lines)
 
 
+def action_tool() -> dict[str, Any]:
+    """The one function of the tool-call format, in the chat template's form. Its arguments are the device's name
+    and the value, not a topic: the prompt lists devices by name (voice/dialog/home.py). No enum of names: it would
+    list every device a second time in every prompt, and the arguments are checked here anyway."""
+    return {
+        "type": "function",
+        "function": {
+            "name": ACTION_TOOL,
+            "description": "Switch or set one device of the home. Only when the user asks for a change.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "device": {"type": "string", "description": "the device's name, as listed"},
+                    "value": {"type": "string", "description": "one of the device's values, as listed"},
+                },
+                "required": ["device", "value"],
+            },
+        },
+    }
+
+
+def tool_instructions(allowed: dict[str, list[str]]) -> str:
+    """The tool-call format's text for the system prompt when no device is named: each topic and its values."""
+    check_allowed(allowed)
+    lines = [
+        f"You can control devices in the home with the function {ACTION_TOOL}: give the device's topic as its "
+        "device and one of its values. Only when the user asks for a change; these are the only devices:"
+    ]
+    lines += [f"  {topic}: {', '.join(payloads)}" for topic, payloads in allowed.items()]
+    lines.append("If the user asks for anything else, call no function and say that you cannot do that.")
+    return "\n".join(lines)
+
+
+def call_action(arguments: str, resolve: Callable[[str], str]) -> tuple[str, str]:
+    """A ``control_device`` call's (topic, payload); ``resolve`` turns the device the model named into its command
+    topic (``Home.resolve``). Nothing is trusted here: an unknown device comes back as its own text, which is no
+    topic on the allow-list, so the parser refuses it."""
+    try:
+        args = json.loads(arguments)
+    except ValueError:
+        return "", ""
+    if not isinstance(args, dict):
+        return "", ""
+    device, value = (str(args.get(key, "")).strip().strip(_QUOTES).strip() for key in ("device", "value"))
+    return resolve(device) if device else "", value
+
+
 class ActionParser:
     """Streams reply text through; cuts out action markers and records them as ``requests``.
 
@@ -81,9 +139,15 @@ class ActionParser:
     """
 
     def __init__(
-        self, allowed: dict[str, list[str]], ground: Grounding | None = None, *, once_per_topic: bool = False
+        self,
+        allowed: dict[str, list[str]],
+        ground: Grounding | None = None,
+        *,
+        once_per_topic: bool = False,
+        markers: bool = True,
     ) -> None:
         check_allowed(allowed)
+        self.markers = markers  # False: actions come as tool calls (``call``); the text is only muted after a refusal
         self.allowed = {topic: list(payloads) for topic, payloads in allowed.items()}
         self.ground = ground  # the user's words must ask for an allowed action too (voice/dialog/home.py)
         self.once_per_topic = once_per_topic  # named devices: a device gets the reply's first command only
@@ -98,6 +162,13 @@ class ActionParser:
         out: list[str] = []
         for ch in text:
             self._feed(ch, out)
+        return "".join(out)
+
+    def call(self, topic: str, payload: str) -> str:
+        """An action the model asked for in another form (a tool call): decided as a marker would be; returns
+        what to speak for it (the refusal, or nothing)."""
+        out: list[str] = []
+        self._decide(topic, payload, out)
         return "".join(out)
 
     def _speak(self, text: str, out: list[str]) -> None:
@@ -115,10 +186,13 @@ class ActionParser:
         return "".join(out)
 
     def _feed(self, ch: str, out: list[str]) -> None:
+        if not self.markers:
+            self._speak(ch, out)
+            return
         if self._body is not None:
             if ch == "]":
                 body, self._body = self._body, None
-                self._decide(body, out)
+                self._decide(*_split(body), out)
             elif ch == "\n":
                 body, self._body = self._body, None
                 self._refuse(*_split(body), "the action marker was not closed with ']' on its line", out)
@@ -145,10 +219,9 @@ class ActionParser:
             self._held = ""
             self._feed(ch, out)
 
-    def _decide(self, body: str, out: list[str]) -> None:
-        topic, payload = _split(body)
+    def _decide(self, topic: str, payload: str, out: list[str]) -> None:
         if not topic:
-            self._refuse(topic, payload, "the action marker names no topic", out)
+            self._refuse(topic, payload, "the action names no topic (no known device)", out)
             return
         if topic not in self.allowed:
             self._refuse(topic, payload, f"topic {topic!r} is not on the allow-list (mqtt.allowed_actions)", out)

@@ -152,3 +152,16 @@ class Hold:
     before: list[Utterance] = field(default_factory=list)  # earlier bursts of this hold ("ha", "ha", "ha")
     deciding: asyncio.Task[object] | None = None
     timer: asyncio.Task[object] | None = None  # dialog.backchannel_hold_s without a decision: a barge-in
+
+    def goes_on(self) -> None:
+        """More speech while the last burst is being decided ("ha ... ha"): the bursts are judged together."""
+        if self.deciding is not None:
+            self.deciding.cancel()
+            self.deciding = None
+        if self.ended is not None:
+            self.before.append(self.ended.utterance)
+            self.ended = None
+
+    def stop_timer(self) -> None:
+        if self.timer is not None:
+            self.timer.cancel()

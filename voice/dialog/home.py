@@ -13,12 +13,13 @@ every turn. The state goes into the user's message, and only when the words ask 
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from voice.dialog.actions import KEYWORD
+from voice.dialog.actions import ACTION_TOOL, KEYWORD, action_instructions, action_tool, tool_instructions
 
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
@@ -103,12 +104,29 @@ class Home:
     def allowed(self) -> dict[str, list[str]]:
         return {**self.extra, **{d.topic: list(d.payloads) for d in self.devices}}
 
-    def prompt(self) -> str:
+    def resolve(self, device: str) -> str:
+        """The command topic of the device a ``control_device`` call names: its name (any case), a topic the model
+        wrote instead, or else the one device whose name's words are all in what it wrote (measured: the model
+        copies the user's "bedroom light lamp"). Anything else comes back as it is: no topic, so it is refused.
+        Only the name is read here; whether the user asked for that device is still the grounding's question."""
+        by_name = {d.name.casefold(): d.topic for d in self.devices}
+        if device.casefold() in by_name:
+            return by_name[device.casefold()]
+        if device in self.allowed:
+            return device
+        said = set(words(device))
+        matches = [d.topic for d in self.devices if set(words(d.name)) <= said]
+        return matches[0] if len(matches) == 1 else device
+
+    def prompt(self, action_format: str = "markers") -> str:
         """The system prompt for a home assistant: rules, then one line per device grouped by area.
 
-        Every command is written out as the whole marker for its first payload (measured: a bare topic list
-        made the model drop the keyword), with the other payloads after it, so the list stays one line per
-        device. Nothing here changes between turns."""
+        Markers: every command is written out as the whole marker for its first payload (measured: a bare topic
+        list made the model drop the keyword), with the other payloads after it, so the list stays one line per
+        device. Tools: the same rules and list, with the device's name and values, for the ``control_device``
+        function the chat template describes after this prompt. Nothing here changes between turns."""
+        if action_format == "tools":
+            return self._tools_prompt()
         # the examples use a switch if there is one: "switch off" -> OFF reads right for the model
         first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
         off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
@@ -134,6 +152,35 @@ class Home:
             lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in self.extra.items() for p in payloads]
         lines += [
             f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
+            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
+            f'-> you: "No, the {first.name} is {off.lower()}."',
+        ]
+        return "\n".join(lines)
+
+    def _tools_prompt(self) -> str:
+        first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
+        off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
+        call = json.dumps({"name": ACTION_TOOL, "arguments": {"device": first.name, "value": off}})
+        lines = [
+            "You are the voice assistant of a home. Answer in one or two short spoken sentences, "
+            "with no lists, code or markdown.",
+            f"You can control the devices listed below with the function {ACTION_TOOL}. Rules:",
+            f"- Only when the user asks you to change a device, call {ACTION_TOOL} once for it, with the device's "
+            "name as listed and the value the user wants, then confirm in a few words.",
+            "- A question about a device (is it on, is it open, which lights are on) is not a request: call no "
+            "function. Answer only from the state given with the question; if none is given, say you do not know.",
+            "- If the user names a device that is not listed, call no function and say you cannot control it.",
+            "- Anything else: answer briefly, with no function call.",
+            "Devices by area, each with the values it takes:",
+        ]
+        for area, devices in _by_area(self.devices):
+            lines.append(f"{area}:")
+            lines += [f"  {d.name}: {', '.join(d.payloads)}" for d in devices]
+        if self.extra:
+            lines.append("other devices:")
+            lines += [f"  {t}: {', '.join(payloads)}" for t, payloads in self.extra.items()]
+        lines += [
+            f'Example: user: "switch off the {first.name}" -> you: "<tool_call>\n{call}\n</tool_call>\nDone."',
             f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
             f'-> you: "No, the {first.name} is {off.lower()}."',
         ]
@@ -200,3 +247,40 @@ def _by_area(devices: Iterable[HomeDevice]) -> list[tuple[str, list[HomeDevice]]
     for d in devices:
         groups.setdefault(d.area or "other", []).append(d)
     return list(groups.items())
+
+
+@dataclass
+class ActionSetup:
+    """How the model is told about the allowed actions (mqtt.action_format), and how its answers are read."""
+
+    prompt: str  # what the system prompt says about actions ("" without any)
+    base: str  # the configured system prompt, less what a home prompt says itself
+    tools: list[dict]  # control_device, for the tool-call format
+    resolve: Callable[[str], str] | None  # a device named in a tool call -> its topic
+    constrained: bool  # the command after '[ACTION' is decoded among the grounded ones only
+
+    @property
+    def system_prompt(self) -> str:
+        return (self.base + self.prompt).strip()
+
+
+def action_setup(
+    allowed: dict[str, list[str]], action_format: str, system_prompt: str, home: Home | None
+) -> ActionSetup:
+    """With named devices the home prompt replaces the generic one (it would say "helpful assistant" twice)."""
+    from voice.config import DEFAULT_SYSTEM_PROMPT
+
+    tools_format = bool(allowed) and action_format == "tools"
+    if home is not None:
+        prompt = "\n\n" + home.prompt(action_format)
+        base = "" if system_prompt == DEFAULT_SYSTEM_PROMPT else system_prompt
+    else:
+        instructions = tool_instructions if tools_format else action_instructions
+        prompt, base = ("\n\n" + instructions(allowed) if allowed else ""), system_prompt
+    return ActionSetup(
+        prompt=prompt,
+        base=base,
+        tools=[action_tool()] if tools_format else [],
+        resolve=(home.resolve if home is not None else str) if tools_format else None,  # no names: topics are
+        constrained=bool(allowed) and action_format == "constrained",
+    )

@@ -28,10 +28,9 @@ import numpy as np
 
 from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
-from voice.config import DEFAULT_SYSTEM_PROMPT, Config
-from voice.dialog.actions import action_instructions
+from voice.config import Config
 from voice.dialog.backchannel import Hold, clearly_interrupts, is_backchannel
-from voice.dialog.home import Home
+from voice.dialog.home import Home, action_setup
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
     Event,
@@ -92,16 +91,17 @@ class Session:
         self._on_event = on_event or (lambda event: None)
         allowed = cfg.mqtt.allow_list
         self.home = assistant.home
-        if self.home is not None:  # a home prompt of its own: the generic one would say "helpful assistant" twice
-            self._actions_prompt = "\n\n" + self.home.prompt()
-            base = "" if cfg.dialog.system_prompt == DEFAULT_SYSTEM_PROMPT else cfg.dialog.system_prompt
-        else:
-            self._actions_prompt = "\n\n" + action_instructions(allowed) if allowed else ""
-            base = cfg.dialog.system_prompt
-        self._base_prompt = base  # the configured prompt, less what the home prompt says itself
-        self.conversation = assistant.engine.conversation(
-            (base + self._actions_prompt).strip(), cfg.dialog.history_tokens
-        )
+        setup = action_setup(allowed, cfg.mqtt.action_format, cfg.dialog.system_prompt, self.home)
+        self._actions_prompt, self._base_prompt = setup.prompt, setup.base
+        self.conversation = assistant.engine.conversation(setup.system_prompt, cfg.dialog.history_tokens)
+        self._action_tools: list[Tool] = setup.tools  # before any client's own tools
+        if setup.tools:
+            if not hasattr(self.conversation, "tools"):
+                raise ValueError(
+                    "mqtt.action_format = 'tools' needs a model whose chat template this process applies (a local "
+                    "llm.engine); fix: set mqtt.action_format = 'markers'"
+                )
+            self.conversation.tools = list(setup.tools)
         self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
         self.listener: Listener = assistant.listener(endpointing=endpointing)
         self.ctx = TurnContext(
@@ -118,6 +118,8 @@ class Session:
             stt_timeout_s=cfg.dialog.stt_timeout_s,
             allowed_actions=allowed,
             home=self.home,
+            resolve_device=setup.resolve,
+            constrained=setup.constrained,
             session_id=self.id,
             warm=self._warm_idle,
         )
@@ -163,7 +165,7 @@ class Session:
     def tools(self, tools: list[Tool] | None) -> None:
         self.ctx.tools = tools
         if hasattr(self.conversation, "tools"):
-            self.conversation.tools = tools
+            self.conversation.tools = [*self._action_tools, *(tools or [])] or None
 
     @property
     def replying(self) -> bool:
@@ -207,7 +209,7 @@ class Session:
     async def _on_listen_event(self, event: ListenEvent) -> None:
         if isinstance(event, SpeechStarted):
             if self._hold is not None:
-                self._hold_goes_on(self._hold)
+                self._hold.goes_on()
             elif self._turn is not None and self.replying:
                 if self._can_hold(self._turn):
                     self._start_hold(self._turn, event)
@@ -279,15 +281,6 @@ class Session:
             self._carried = [*hold.before]  # asked together with the last burst, as a hand-over is
             self._answer(hold.ended)
 
-    def _hold_goes_on(self, hold: Hold) -> None:
-        """More speech while the last burst is being decided ("ha ... ha"): the hold judges them together."""
-        if hold.deciding is not None:
-            hold.deciding.cancel()
-            hold.deciding = None
-        if hold.ended is not None:
-            hold.before.append(hold.ended.utterance)
-            hold.ended = None
-
     def _judge(self, text: str, voiced_s: float | None) -> bool:
         verdict = is_backchannel(text, voiced_s)
         self.held_words.append((text, voiced_s, verdict))
@@ -297,8 +290,7 @@ class Session:
     def _resume(self, text: str) -> None:
         hold, self._hold = self._hold, None
         assert hold is not None and isinstance(self.sink, HoldableSink)
-        if hold.timer is not None:
-            hold.timer.cancel()
+        hold.stop_timer()
         self.sink.release()
         self._listen_trace = None
         self.backchannels["resumed"] += 1
@@ -314,8 +306,7 @@ class Session:
         if hold is None:
             return
         self.backchannels["interrupted"] += 1
-        if hold.timer is not None:
-            hold.timer.cancel()
+        hold.stop_timer()
         self._carried.extend(hold.before)  # earlier bursts go with the speech that goes on, as a hand-over
         if hold.deciding is not None and hold.ended is not None:
             hold.deciding.cancel()
@@ -484,9 +475,9 @@ class Session:
 
     async def _interrupt(self) -> None:
         """Stop the reply in progress (and any early reply): the turn commits what was heard."""
-        hold, self._hold = self._hold, None  # flushing the sink ends its hold too
-        if hold is not None and hold.timer is not None:
-            hold.timer.cancel()
+        if (hold := self._hold) is not None:
+            self._hold = None  # flushing the sink ends its hold too
+            hold.stop_timer()
         await self._drop_early()
         if self.sink is not None and self.replying:
             self.sink.flush()

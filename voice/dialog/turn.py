@@ -24,8 +24,8 @@ from audio.resample import resample
 from llm.settings import DecodeSettings, Emission
 from voice import tasks
 from voice.config import TTSConfig
-from voice.dialog.actions import ActionParser
-from voice.dialog.home import Home
+from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, call_action
+from voice.dialog.home import Home, asks_state
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import (
@@ -64,6 +64,8 @@ class TurnContext:
     stt_timeout_s: float
     allowed_actions: dict[str, list[str]]
     home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
+    resolve_device: Callable[[str], str] | None = None  # actions as control_device calls (name -> topic); None: markers
+    constrained: bool = False  # markers whose command is a constrained decode (mqtt.action_format = "constrained")
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
     tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
@@ -256,13 +258,15 @@ class Turn:
                 return None
             self.text = text
         ground = ctx.home.grounding(self.text) if ctx.home is not None and self.text else None
+        markers = ctx.resolve_device is None
         parser = (
-            ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None)
+            ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None, markers=markers)
             if ctx.allowed_actions and self._commits
             else None
         )
         tools = ctx.tools if self._commits else None  # declared: their calls are not spoken
-        self._tools = ToolCallParser({t["function"]["name"] for t in tools}) if tools else None
+        names = {t["function"]["name"] for t in tools or []} | ({ACTION_TOOL} if parser and not markers else set())
+        self._tools = ToolCallParser(names) if names else None
         sink = ctx.sink if self.speak else None
         if sink is not None:
             sink.begin_utterance()
@@ -340,6 +344,8 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
+        if self.ctx.constrained and self.ctx.allowed_actions:
+            self._constrain()
         stream = self.ctx.conversation.reply(asked(self.ctx, self.text) or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
@@ -440,9 +446,9 @@ class Turn:
                 trace.mark("llm_first_token", time.monotonic() if isinstance(piece, str) else piece.t)
                 outcome.raw += text
                 text = self._tools.push(text) if self._tools is not None else text
-                await put(parser.push(text) if parser else text)
+                await put(self._act(parser) + parser.push(text) if parser else text)
             tail = self._tools.flush() if self._tools is not None else ""
-            await put(parser.push(tail) + parser.flush() if parser else tail)
+            await put(self._act(parser) + parser.push(tail) + parser.flush() if parser else tail)
             for frag in chunker.flush():
                 trace.mark("first_fragment", time.monotonic())
                 await fragments.put(frag)
@@ -454,6 +460,33 @@ class Turn:
         finally:
             await pieces.aclose()  # cancelled while waiting on the queue: the stream stops now, not at collection
         await fragments.put(None)
+
+    def _constrain(self) -> None:
+        """After "[ACTION" the reply can only go on with a command the grounding would let through: every value of
+        each device the words name (none for a question: then it is free, and the parser refuses what comes)."""
+        ctx = self.ctx
+        constrain = getattr(ctx.conversation, "constrain", None)
+        if constrain is None:
+            return
+        if ctx.home is None:
+            commands = ctx.allowed_actions
+        elif asks_state(self.text) or not ctx.home.grounded:
+            commands = {} if ctx.home.grounded else ctx.home.allowed
+        else:
+            commands = {d.topic: list(d.payloads) for d in ctx.home.named(self.text)}
+        constrain(
+            f"[{KEYWORD}", [f" {topic} {payload}]" for topic, payloads in commands.items() for payload in payloads]
+        )
+
+    def _act(self, parser: ActionParser) -> str:
+        """The home actions among the tool calls made so far (the tool-call format): taken out of the calls (they
+        are no client's) and decided by the parser like markers; returns what to speak for them (a refusal)."""
+        resolve = self.ctx.resolve_device
+        if self._tools is None or resolve is None or not any(c.name == ACTION_TOOL for c in self._tools.calls):
+            return ""
+        spoken = [parser.call(*call_action(c.arguments, resolve)) for c in self._tools.calls if c.name == ACTION_TOOL]
+        self._tools.calls[:] = [c for c in self._tools.calls if c.name != ACTION_TOOL]
+        return "".join(spoken)
 
     async def _speak_fragment(self, frag: SpokenFragment, sink: AudioSink | None) -> None:
         tts, trace = self.ctx.tts, self.trace

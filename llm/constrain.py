@@ -1,0 +1,64 @@
+"""A short constrained decode inside a free reply: after a trigger text, only one of a few given continuations.
+
+Why: the model decides freely whether to act (it writes the trigger, e.g. ``[ACTION``), but the few tokens after
+it must name something that exists; measured on `specvoice bench home`, most wrong actions of the markers format
+were invented topics ("home/living_room/ceiling_lamp/set" for the ceiling light), each then refused. From the
+token after the trigger until a continuation is complete, the target's choice is taken among the tokens that keep
+the text on one of the continuations (their token trie); elsewhere nothing changes.
+
+How it meets speculation: no drafted token may complete the trigger (``free_drafts`` cuts the draft before it), so
+only a step's own target token can; the steps after it are single constrained target passes (``allowed``), which
+the generation runs instead of draft + verify. The continuations are tokenized on their own: the trigger ends a
+word, so a continuation starting with a space tokenizes as it would in the text.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+TAIL_TOKENS = 6  # tokens decoded to look for the trigger at the end of the text (it is shorter than this)
+
+
+class ChoiceConstraint:
+    """After ``trigger`` (case-insensitive), the text continues with one of ``choices``."""
+
+    def __init__(self, tokenizer: Any, trigger: str, choices: list[str]) -> None:
+        if not choices:
+            raise ValueError("a choice constraint needs at least one choice")
+        self.tokenizer, self.trigger = tokenizer, trigger.upper()
+        self.next: dict[tuple[int, ...], set[int]] = {}  # token prefix of a choice -> the tokens that can follow
+        for choice in choices:
+            ids = tokenizer.encode(choice, add_special_tokens=False)
+            for i in range(len(ids)):
+                self.next.setdefault(tuple(ids[:i]), set()).add(ids[i])
+        self._armed_at: int | None = None  # where in the new tokens the continuation started
+        self._done_at = 0  # tokens before this were decided: the trigger is looked for after it
+        self.used = 0  # constrained tokens chosen, for tests and benchmarks
+
+    def _ends_with_trigger(self, tokens: list[int]) -> bool:
+        if len(tokens) <= self._done_at:
+            return False
+        tail = tokens[max(self._done_at, len(tokens) - TAIL_TOKENS) :]
+        return self.tokenizer.decode(tail).upper().endswith(self.trigger)
+
+    def allowed(self, new_tokens: list[int]) -> list[int] | None:
+        """The tokens the next one may be (None: any; the decode is free here)."""
+        if self._armed_at is None:
+            if not self._ends_with_trigger(new_tokens):
+                return None
+            self._armed_at = len(new_tokens)
+        following = self.next.get(tuple(new_tokens[self._armed_at :]))
+        if following is None:  # a continuation is complete (or the text left them): free again after it
+            self._armed_at, self._done_at = None, len(new_tokens)
+            return None
+        self.used += 1
+        return sorted(following)
+
+    def free_drafts(self, new_tokens: list[int], drafts: list[int]) -> int:
+        """How many of ``drafts`` may be verified freely: those before the one that would complete the trigger."""
+        if self._armed_at is not None:
+            return 0
+        for i in range(len(drafts)):
+            if self._ends_with_trigger(new_tokens + drafts[: i + 1]):
+                return i
+        return len(drafts)

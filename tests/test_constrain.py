@@ -1,0 +1,51 @@
+"""A constrained stretch inside a free reply (llm/constrain.py): after the trigger only a given continuation can be
+decoded, and before it the reply is the free reply token for token, with n-gram drafts and with a draft model
+(whose drafts must not run past the trigger). SmolLM2-135M in float32: no big model."""
+
+from __future__ import annotations
+
+import pytest
+
+from llm.constrain import ChoiceConstraint
+from llm.settings import DecodeSettings
+from tests.conftest_llm import chat_ids, smollm_engine, smollm_fp32, smollm_with_cheap_draft
+
+QUESTION = "Name three colours of the rainbow."
+
+
+def decode(engine, settings, constraint=None) -> str:
+    tok = engine.tokenizer
+    target, draft = engine.new_caches()
+    gen = engine.generation(chat_ids(tok, QUESTION), settings, target, draft, constraint)
+    while not gen.done:
+        gen.step()
+    return tok.decode([t for t in gen.new_tokens if t not in engine.stop_ids])
+
+
+@pytest.mark.parametrize("make, mode", [(smollm_engine, "ngram"), (smollm_with_cheap_draft, "draft")])
+def test_after_the_trigger_only_a_choice_is_decoded_and_before_it_nothing_changes(make, mode):
+    settings = DecodeSettings(mode=mode, max_new_tokens=40, draft_length=4 if mode == "draft" else "adaptive")
+    engine = make(settings) if mode == "ngram" else make()
+    free = decode(engine, settings)
+    words = free.split()
+    assert len(words) > 4, free
+    trigger = " ".join(words[:2])  # the reply's own opening: the constrained stretch starts right after it
+    choices = [" purple elephants]", " green giraffes]"]
+    constraint = ChoiceConstraint(engine.tokenizer, trigger, choices)
+    constrained = decode(engine, settings, constraint)
+    at = constrained.upper().index(trigger.upper()) + len(trigger)
+    assert constrained[:at] == free[: len(constrained[:at])]  # the free part is the free reply's
+    assert any(constrained[at:].startswith(c) for c in choices), constrained
+    assert constraint.used >= 2
+
+
+def test_a_constraint_needs_a_choice_and_is_free_until_its_trigger():
+    _, tok = smollm_fp32()
+    with pytest.raises(ValueError, match="at least one choice"):
+        ChoiceConstraint(tok, "[ACTION", [])
+    constraint = ChoiceConstraint(tok, "[ACTION", [" home/a/set ON]"])
+    opening = tok.encode("Sure. [ACTION", add_special_tokens=False)
+    assert constraint.allowed(opening[:-1]) is None
+    assert constraint.free_drafts(opening[:-2], opening[-2:]) == 1  # the draft that completes the trigger is cut
+    first = constraint.allowed(opening)
+    assert first == [tok.encode(" home/a/set ON]", add_special_tokens=False)[0]]
