@@ -30,6 +30,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+from voice.dialog.toolcalls import ToolCallParser
 from voice.events import ActionRequested
 
 Grounding = Callable[[str, str], "str | None"]  # (topic, payload) -> None if the user asked for it, else why not
@@ -252,3 +253,11 @@ def _split(body: str) -> tuple[str, str]:
     topic = parts[0].strip(_QUOTES) if parts else ""
     payload = parts[1].strip().strip(_QUOTES).strip() if len(parts) > 1 else ""
     return topic, payload
+
+
+def take_action_calls(tools: ToolCallParser, parser: ActionParser, resolve: Callable[[str], str]) -> str:
+    """Take the home actions out of the tool calls made so far (they are no client's) and decide them as markers
+    are decided; returns what to speak for them (a refusal)."""
+    spoken = [parser.call(*call_action(c.arguments, resolve)) for c in tools.calls if c.name == ACTION_TOOL]
+    tools.calls[:] = [c for c in tools.calls if c.name != ACTION_TOOL]
+    return "".join(spoken)

@@ -284,3 +284,13 @@ def action_setup(
         resolve=(home.resolve if home is not None else str) if tools_format else None,  # no names: topics are
         constrained=bool(allowed) and action_format == "constrained",
     )
+
+
+def constrained_commands(allowed: dict[str, list[str]], home: Home | None, text: str) -> dict[str, list[str]]:
+    """What a constrained action may say (mqtt.action_format = "constrained"): every value of each device the
+    words name; none for a state question (the reply is then free, and the parser refuses what comes)."""
+    if home is None:
+        return allowed
+    if asks_state(text) or not home.grounded:
+        return {} if home.grounded else home.allowed
+    return {d.topic: list(d.payloads) for d in home.named(text)}

@@ -24,8 +24,8 @@ from audio.resample import resample
 from llm.settings import DecodeSettings, Emission
 from voice import tasks
 from voice.config import TTSConfig
-from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, call_action
-from voice.dialog.home import Home, asks_state
+from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, take_action_calls
+from voice.dialog.home import Home, constrained_commands
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import (
@@ -462,31 +462,15 @@ class Turn:
         await fragments.put(None)
 
     def _constrain(self) -> None:
-        """After "[ACTION" the reply can only go on with a command the grounding would let through: every value of
-        each device the words name (none for a question: then it is free, and the parser refuses what comes)."""
-        ctx = self.ctx
-        constrain = getattr(ctx.conversation, "constrain", None)
-        if constrain is None:
-            return
-        if ctx.home is None:
-            commands = ctx.allowed_actions
-        elif asks_state(self.text) or not ctx.home.grounded:
-            commands = {} if ctx.home.grounded else ctx.home.allowed
-        else:
-            commands = {d.topic: list(d.payloads) for d in ctx.home.named(self.text)}
-        constrain(
-            f"[{KEYWORD}", [f" {topic} {payload}]" for topic, payloads in commands.items() for payload in payloads]
-        )
+        """After "[ACTION" the reply can only go on with a command the grounding would let through."""
+        if (constrain := getattr(self.ctx.conversation, "constrain", None)) is not None:
+            commands = constrained_commands(self.ctx.allowed_actions, self.ctx.home, self.text)
+            constrain(f"[{KEYWORD}", [f" {t} {p}]" for t, payloads in commands.items() for p in payloads])
 
     def _act(self, parser: ActionParser) -> str:
-        """The home actions among the tool calls made so far (the tool-call format): taken out of the calls (they
-        are no client's) and decided by the parser like markers; returns what to speak for them (a refusal)."""
+        """The home actions among the tool calls made so far (the tool-call format), decided like markers."""
         resolve = self.ctx.resolve_device
-        if self._tools is None or resolve is None or not any(c.name == ACTION_TOOL for c in self._tools.calls):
-            return ""
-        spoken = [parser.call(*call_action(c.arguments, resolve)) for c in self._tools.calls if c.name == ACTION_TOOL]
-        self._tools.calls[:] = [c for c in self._tools.calls if c.name != ACTION_TOOL]
-        return "".join(spoken)
+        return take_action_calls(self._tools, parser, resolve) if self._tools and resolve else ""
 
     async def _speak_fragment(self, frag: SpokenFragment, sink: AudioSink | None) -> None:
         tts, trace = self.ctx.tts, self.trace
