@@ -122,7 +122,7 @@ def bench_stt(
                 }
             )
     results = []
-    for (model, beam, window, hints), rs in rows.items():
+    for (model, beam, window, n_hints), rs in rows.items():
         passes = [r["pass_s"] for r in rs]
         voices = sorted({r["voice"] for r in rs})
         results.append(
@@ -130,7 +130,7 @@ def bench_stt(
                 "model": model,
                 "beam": beam,
                 "window_s": window,
-                "hotwords": hints,
+                "hotwords": n_hints,
                 "threads": threads,
                 "utterances": len(rs),
                 "wer": _corpus_wer(rs),
@@ -428,7 +428,7 @@ def _home_hotwords() -> list[str]:
     from voice.home_casefile import DEFAULT_CASES, load_cases
 
     devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in load_cases(DEFAULT_CASES).devices]
-    return stt_hotwords(STTConfig(), MQTTConfig(devices=devices))
+    return stt_hotwords(STTConfig(), MQTTConfig.model_validate({"devices": devices}))
 
 
 def main(argv: list[str] | None = None) -> int:
