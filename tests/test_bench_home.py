@@ -230,3 +230,19 @@ def test_a_state_answer_must_say_the_state_first_and_a_yes_or_no_must_fit_the_qu
     assert state_answered({"t": "half"}, "It is half open.", "is it open") is None  # no known opposite
     result = Result("is the garage door closed", None, "HassGetState", [], [], "No, it is open.", False, state=door)
     assert result.state_right is True
+
+
+def test_the_spoken_sample_mixes_piper_and_espeak_voices_the_same_way_every_run():
+    from voice.bench.home import PIPER, SPOKEN_VOICES, speak_case, spoken_voices
+
+    mixed = spoken_voices(64, 0, "mixed")
+    assert mixed == spoken_voices(64, 0, "mixed") and mixed != spoken_voices(64, 1, "mixed")
+    espeak_names = {v.name for v in SPOKEN_VOICES}
+    assert 20 <= mixed.count(PIPER) <= 44 and set(mixed) - {PIPER} <= espeak_names and len(set(mixed)) >= 4
+    assert spoken_voices(5, 0, "piper") == [PIPER] * 5
+    with tempfile.TemporaryDirectory() as tmp:  # an espeak-ng case is a real 16 kHz WAV of the sentence
+        from audio.wavfile import read_wav
+
+        wav = speak_case(None, "turn on the sprinkler", SPOKEN_VOICES[0].name, Path(tmp) / "case.wav")
+        samples, rate = read_wav(wav)
+        assert rate == 16000 and len(samples) > 16000 * 0.8 and abs(samples).max() > 1000

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from voice.config import ConfigError, load_config
+from voice.config import ConfigError, load_config, stt_hotwords
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -146,6 +146,32 @@ def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
     with pytest.raises(ConfigError) as err:
         load_config(write(tmp_path, text), environ={})
     assert key in str(err.value)
+
+
+def test_stt_hotwords_default_to_the_devices_and_a_bad_list_names_the_key_and_fix(tmp_path):
+    NGRAM = '[llm]\nmode = "ngram"\n'  # a config that loads without a draft model
+    devices = (
+        '[[mqtt.devices]]\nname = "towel warmer"\ntopic = "home/b/w/set"\npayloads = ["ON"]\narea = "bathroom"\n'
+        '[[mqtt.devices]]\nname = "sprinkler"\ntopic = "home/g/s/set"\npayloads = ["ON"]\narea = "garden"\n'
+    )
+    home = load_config(write(tmp_path, NGRAM + devices), environ={})
+    assert home.stt.hotwords is None  # unset: stt_hotwords fills it from the devices, names first
+    assert stt_hotwords(home.stt, home.mqtt) == ["towel warmer", "sprinkler", "bathroom", "garden"]
+    own = load_config(write(tmp_path, NGRAM + '[stt]\nhotwords = ["Nanoleaf", " Nanoleaf "]\n' + devices), environ={})
+    assert stt_hotwords(own.stt, own.mqtt) == ["Nanoleaf"]  # set: exactly these (spaces tidied, once each)
+    off = load_config(write(tmp_path, NGRAM + "[stt]\nhotwords = []\n" + devices), environ={})
+    assert stt_hotwords(off.stt, off.mqtt) == []
+    with pytest.raises(ConfigError) as err:
+        load_config(write(tmp_path, NGRAM + '[stt]\nhotwords = ["sprinkler", " "]\n'), environ={})
+    assert "stt.hotwords" in str(err.value) and "empty phrase; fix: remove it" in str(err.value)
+    with pytest.raises(ConfigError) as err:
+        load_config(
+            write(tmp_path, NGRAM + f"[stt]\nhotwords = {[f'garden gnome lamp number {i}' for i in range(40)]}\n"),
+            environ={},
+        )
+    assert "stt.hotwords" in str(err.value) and "fix: list only the names" in str(err.value)
+    with pytest.raises(ConfigError, match=r"stt\.hotwords"):
+        load_config(write(tmp_path, NGRAM + '[stt]\nhotwords = "sprinkler"\n'), environ={})
 
 
 @pytest.mark.parametrize("flag", ["--ks", "--tree-ks", "--tree-widths", "--hf-ks"])

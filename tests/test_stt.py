@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from audio.end_of_turn import TRANSCRIPT_PROMPT
-from voice.config import STTConfig, load_config
-from voice.hearing.stt import SpeechToText, Word, _piled_up
+from voice.config import STTConfig, load_config, stt_hotwords
+from voice.config_servers import HomeDeviceConfig, MQTTConfig
+from voice.hearing.stt import SpeechToText, Word, _drop_unheard_tail, _piled_up, _ran_on
 from voice.models import ModelError, resolve
 
-from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, wer
+from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
 
 WER_BOUND_TINY = 0.10  # aggregate over 12 utterances; measured 0.0-0.03 on this machine
 WER_BOUND_BASE = 0.10
@@ -245,3 +246,79 @@ async def test_word_error_rate_with_the_default_model():
     config = load_config("configs/default.toml", environ={})
     base = SpeechToText(resolve(config.models.stt, "stt"), config.stt)
     assert await corpus_wer(base) <= WER_BOUND_BASE
+
+
+async def test_the_configured_hotwords_reach_whisper_s_transcribe_call(small_config, tmp_path):
+    """[[mqtt.devices]] -> voice.config.stt_hotwords -> SpeechToText -> faster-whisper's ``hotwords`` on every pass,
+    the pass at a pause (initial prompt) included; the real transcribe runs, its keyword arguments are noted."""
+    config = small_config.model_copy(
+        update={
+            "mqtt": MQTTConfig(
+                devices=[HomeDeviceConfig(name="towel warmer", topic="home/b/w/set", payloads=["ON"], area="bathroom")]
+            )
+        }
+    )
+    stt = SpeechToText(resolve(config.models.stt, "stt"), config.stt, hotwords=stt_hotwords(config.stt, config.mqtt))
+    calls: list[dict] = []
+    transcribe = stt.model.transcribe
+
+    def noting_transcribe(audio, **kwargs):
+        calls.append(kwargs)
+        return transcribe(audio, **kwargs)
+
+    stt.model.transcribe = noting_transcribe  # type: ignore[method-assign]
+    speech = espeak("Turn on the towel warmer.")
+    stream = stt.stream()
+    stream.add(speech[: len(speech) // 2])
+    await stream.partial()
+    stream.add(speech[len(speech) // 2 :])
+    await stream.partial(style=TRANSCRIPT_PROMPT, final_beam=True, min_new_s=0.0)  # the pass at a pause
+    assert [c["hotwords"] for c in calls] == ["Towel warmer, Bathroom."] * 2
+    assert [c["initial_prompt"] for c in calls] == [None, TRANSCRIPT_PROMPT]  # the hint does not replace it
+    assert stt.window_s(16000, prompted=True) == 30
+    # stt.hotwords set in the config wins over the devices; [] turns the hint off
+    for own, sent in ((["Nanoleaf"], "Nanoleaf."), ([], None)):
+        settings = STTConfig(**{**config.stt.model_dump(), "hotwords": own})
+        assert (
+            SpeechToText(
+                resolve(config.models.stt, "stt"), settings, hotwords=stt_hotwords(settings, config.mqtt)
+            ).hotwords
+            == sent
+        )
+
+
+async def test_hotwords_make_whisper_hear_an_unusual_device_name(small_config):
+    """Real speech (espeak-ng, the same samples every run) of names tiny.en does not know: without the hint it
+    writes other words, with the device names as hotwords it writes the names."""
+    plain = SpeechToText(resolve(small_config.models.stt, "stt"), small_config.stt, hotwords=[])
+    hinted = SpeechToText(
+        resolve(small_config.models.stt, "stt"), small_config.stt, hotwords=["Roomba", "Hue Bloom", "living room"]
+    )
+    for sentence, name in (("Start the Roomba.", "roomba"), ("Turn on the Hue Bloom.", "hue bloom")):
+        audio = np.concatenate([espeak(sentence), silence(300)])
+        assert name not in " ".join(normalize_words(await plain.transcribe(audio)))
+        heard = await hinted.transcribe(audio)
+        assert name in " ".join(normalize_words(heard)) and wer(sentence, heard) == 0, heard
+
+
+def test_a_hinted_pass_that_runs_on_is_decoded_again_without_the_hint():
+    """What a lower-case hint once did to "lower up the garage door" (2 s): "garage door" to the end of the
+    context. Such a pass, or one whose last words pile up, is not kept (SpeechToText.decode decodes it again)."""
+    loop = [
+        Word(w, 0.2 + 0.1 * i, 0.3 + 0.1 * i) for i, w in enumerate([" lower", " up,"] + [" garage", " door,"] * 20)
+    ]
+    said = [Word(w, 0.2 + 0.3 * i, 0.4 + 0.3 * i) for i, w in enumerate([" Lower", " up", " the", " garage", " door."])]
+    assert _ran_on(loop, 2.0) and not _ran_on(said, 2.0)
+    assert _ran_on(said + [Word(" light,", 1.9, 1.9)] * 3, 2.0)  # words with no audio under them
+
+
+def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
+    """With a prompt Whisper sometimes went on into the silence after the request ("... to on. Music."): those
+    words have no sound under them. Words over speech stay, however quiet the word before the silence."""
+    speech = espeak("Turn the kitchen light to on.")
+    audio = np.concatenate([speech, silence(1000)]).astype(np.float32) / 32768.0
+    speech_start, speech_end = voiced_bounds(speech)
+    said = [Word(" Turn", speech_start, speech_start + 0.3), Word(" on.", speech_end - 0.25, speech_end)]
+    invented = [Word(" Music.", speech_end + 0.3, speech_end + 0.8)]
+    assert _drop_unheard_tail(said + invented, audio) == said
+    assert _drop_unheard_tail(said, audio) == said

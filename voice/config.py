@@ -33,7 +33,7 @@ from llm.settings import (
 )
 from voice.config_servers import MQTTConfig, ServerConfig, WyomingConfig
 from voice.config_servers import Section as _Section
-from voice.config_speech import AudioConfig, STTConfig, TTSConfig, TurnConfig, VADConfig
+from voice.config_speech import HOTWORDS_MAX_CHARS, AudioConfig, STTConfig, TTSConfig, TurnConfig, VADConfig
 
 # the shipped configs (default, small, gpu) travel inside the package (voice/configs links to the repository's
 # configs/ folder, and the wheel carries copies), so an installed specvoice finds them from any directory
@@ -228,6 +228,22 @@ class Config(_Section):
         if self.llm.mode == "draft" and not self.models.draft and self.llm.backend == "local":
             raise ValueError("llm.mode = 'draft' needs models.draft; set it, or set llm.mode = 'ngram' or 'target'")
         return self
+
+
+def stt_hotwords(stt: STTConfig, mqtt: MQTTConfig) -> list[str]:
+    """The phrases Whisper is told to expect: ``stt.hotwords`` when set, else (the one place this default is
+    made) the names of ``mqtt.devices`` and then their areas, as far as they fit in ``HOTWORDS_MAX_CHARS``.
+    Names are what tiny.en mishears ("tv socket", "towel warmer"): they come first so a large home keeps them."""
+    if stt.hotwords is not None:
+        return list(stt.hotwords)
+    devices = mqtt.devices
+    phrases = list(dict.fromkeys([d.name for d in devices] + [d.area for d in devices if d.area]))
+    kept: list[str] = []
+    for phrase in phrases:
+        if len(", ".join([*kept, phrase])) > HOTWORDS_MAX_CHARS:
+            break
+        kept.append(phrase)
+    return kept
 
 
 def _hint(err: Mapping[str, Any]) -> str:

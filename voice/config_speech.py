@@ -7,9 +7,13 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from voice.config_servers import Section as _Section
+
+# faster-whisper keeps at most 223 tokens of hotwords (half of Whisper's 448-token context); English names run
+# about 4 characters a token, so this many characters fit with room to spare
+HOTWORDS_MAX_CHARS = 600
 
 
 class STTConfig(_Section):
@@ -35,6 +39,27 @@ class STTConfig(_Section):
     )
     uri: str | None = Field(None, description="tcp://host:port of the Wyoming asr server (stt.backend = 'wyoming')")
     timeout_s: float = Field(10.0, gt=0, description="wyoming: connecting, and the transcript after the audio")
+    hotwords: list[str] | None = Field(
+        None,
+        description="phrases Whisper is told to expect (faster-whisper's hotwords): names it would mishear. "
+        "Unset: the names and areas of mqtt.devices (voice.config.stt_hotwords); [] for none",
+    )
+
+    @field_validator("hotwords")
+    @classmethod
+    def _hotwords(cls, phrases: list[str] | None) -> list[str] | None:
+        if phrases is None:
+            return None
+        kept = list(dict.fromkeys(" ".join(p.split()) for p in phrases))
+        if "" in kept:
+            raise ValueError("an empty phrase; fix: remove it (stt.hotwords = [] turns the hint off)")
+        if len(", ".join(kept)) > HOTWORDS_MAX_CHARS:
+            raise ValueError(
+                f"{len(', '.join(kept))} characters of phrases; Whisper reads about the first "
+                f"{HOTWORDS_MAX_CHARS} (~{HOTWORDS_MAX_CHARS // 4} tokens) and cuts the rest; fix: list only "
+                f"the names Whisper mishears"
+            )
+        return kept
 
     @model_validator(mode="after")
     def _remote_needs_uri(self) -> STTConfig:

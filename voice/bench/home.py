@@ -5,8 +5,10 @@ device's state, a device that is not on the list). The case file's devices becom
 (``mqtt.allowed_actions``), each case is asked as text on the path an MQTT ``ask`` takes (a session whose history
 is cleared, ``Session.ask`` without speech), and the actions are caught where the MQTT bridge would receive them:
 the session's ``ActionRequested`` events. What the bridge would publish is what passes its own allow-list check
-again. No broker is needed. ``--spoken N`` also plays N cases, spoken by piper, through the real listener (VAD,
-Whisper) first.
+again. No broker is needed. ``--spoken N`` also plays N cases, spoken, through the real listener (VAD, Whisper)
+first: by default about half by the assistant's piper voice and half by espeak-ng accents (``SPOKEN_VOICES``), the
+voice of each case drawn from ``--seed``, so the same command speaks the same cases in the same voices
+(``--voices piper``: all by piper, as before).
 
 Scores: the right action (topic and payload, nothing else) for command cases; any action where none is wanted;
 refused requests and unallowed publishes (the latter must stay 0); whether the reply says the refusal when a
@@ -32,6 +34,7 @@ import argparse
 import asyncio
 import json
 import platform
+import random
 import statistics
 import tempfile
 import time
@@ -41,6 +44,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from audio.frames import SPEECH_RATE
+from audio.wavfile import write_wav
 from voice.bench import count, positive
 from voice.config_servers import HomeDeviceConfig
 from voice.events import ActionRequested, Event, TurnDone, TurnError
@@ -52,6 +57,41 @@ from voice.home_casefile import (
     load_cases,
     published_actions,
 )
+from voice.speechset import Voice
+
+# The espeak-ng half of the spoken sample: accents and speeds of `espeak-ng --voices=en` (as the varied STT set).
+SPOKEN_VOICES: tuple[Voice, ...] = (
+    Voice("espeak-us", "espeak", "en-us", 160),
+    Voice("espeak-gb", "espeak", "en-gb", 160),
+    Voice("espeak-scotland-f3", "espeak", "en-gb-scotland+f3", 145),
+    Voice("espeak-caribbean", "espeak", "en-029", 150),
+    Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
+    Voice("espeak-rp-m3", "espeak", "en-gb-x-rp+m3", 170),
+)
+PIPER = "piper"  # the assistant's own voice (synthesize_question)
+_LEAD_S = 0.3  # silence before an espeak utterance (piper's own output starts with some)
+
+
+def spoken_voices(n: int, seed: int, mix: str) -> list[str]:
+    """The voice of each of the first ``n`` spoken cases: ``PIPER`` or a ``SPOKEN_VOICES`` name, half and half
+    at random from ``seed`` ('mixed'), or all piper ('piper'). The same arguments give the same list."""
+    if mix == "piper":
+        return [PIPER] * n
+    rng = random.Random(seed)
+    return [PIPER if rng.random() < 0.5 else rng.choice(SPOKEN_VOICES).name for _ in range(n)]
+
+
+def speak_case(assistant: Any, text: str, voice: str, path: Path) -> Path:
+    """``text`` as a 16 kHz WAV spoken in ``voice`` (see ``spoken_voices``)."""
+    import numpy as np
+
+    from voice.wavturn import synthesize_question
+
+    if voice == PIPER:
+        return synthesize_question(assistant, text, path)
+    speech = next(v for v in SPOKEN_VOICES if v.name == voice).speak(text)
+    write_wav(path, np.concatenate([np.zeros(int(_LEAD_S * SPEECH_RATE), np.int16), speech]), SPEECH_RATE)
+    return path
 
 
 class HomeRunner:
@@ -175,7 +215,6 @@ def print_table(summary: dict[str, Any], title: str) -> None:
 async def bench(config: Any, argv: list[str]) -> int:
     from voice.app.cli import fail
     from voice.assistant import Assistant
-    from voice.wavturn import synthesize_question
 
     p = argparse.ArgumentParser(
         prog="specvoice bench home",
@@ -187,6 +226,13 @@ async def bench(config: Any, argv: list[str]) -> int:
     p.add_argument("--json", default="bench-results/home.json", help="write one record per case here")
     p.add_argument("--limit", type=positive, help="only the first N cases (the default file is shuffled)")
     p.add_argument("--spoken", type=count, default=0, help="also play the first N of them, spoken, to the listener")
+    p.add_argument(
+        "--voices",
+        choices=["mixed", "piper"],
+        default="mixed",
+        help="spoken cases: half piper, half espeak-ng accents (default), or all piper",
+    )
+    p.add_argument("--seed", type=int, default=0, help="which spoken case gets which voice (--voices mixed)")
     p.add_argument(
         "--ungrounded",
         action="store_true",
@@ -216,9 +262,10 @@ async def bench(config: Any, argv: list[str]) -> int:
     results: list[Result] = []
     for case in tqdm(chosen, desc="text cases", unit="case", disable=None):
         results.append(await runner.run(case))
+    voices = spoken_voices(len(chosen[: args.spoken]), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(tqdm(chosen[: args.spoken], desc="spoken cases", unit="case", disable=None)):
-            wav = synthesize_question(assistant, case.say, Path(tmp) / f"case{i}.wav")
+            wav = speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav")
             results.append(await runner.run(case, wav))
     await runner.session.close()
     text = [r for r in results if not r.spoken]
@@ -228,7 +275,20 @@ async def bench(config: Any, argv: list[str]) -> int:
     print_table(summary["text"], title)
     if spoken:
         summary["spoken"] = summarize(spoken, allowed)
-        print_table(summary["spoken"], f"the first {len(spoken)} of them spoken (piper -> listener -> Whisper)")
+        by = {"piper": [r for r, v in zip(spoken, voices, strict=True) if v == PIPER]}
+        by["espeak-ng"] = [r for r, v in zip(spoken, voices, strict=True) if v != PIPER]
+        summary["spoken_by_voice"] = {k: summarize(rs, allowed)["total"] for k, rs in by.items() if rs}
+        print_table(
+            summary["spoken"],
+            f"the first {len(spoken)} of them spoken ({len(by['piper'])} piper, {len(by['espeak-ng'])} espeak-ng, "
+            f"seed {args.seed}) -> listener -> Whisper",
+        )
+        for k, total in summary["spoken_by_voice"].items():
+            print(
+                f"  {k}: right action {_pct(total['right_action'], total['commands'])}, acted when none wanted "
+                f"{_pct(total['acted_when_none_wanted'], total['no_action_cases'])}, state said "
+                f"{_pct(total['state_right'], total['state_questions'])}"
+            )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(
         json.dumps(
@@ -241,8 +301,10 @@ async def bench(config: Any, argv: list[str]) -> int:
                     "action_format": action_format,
                 },
                 "cases_file": str(args.cases),
+                "spoken_voices": {"mix": args.voices, "seed": args.seed},
                 "summary": summary,
-                "cases": [asdict(r) for r in results],
+                "cases": [asdict(r) for r in text]
+                + [asdict(r) | {"voice": v} for r, v in zip(spoken, voices, strict=True)],
             },
             indent=1,
         )

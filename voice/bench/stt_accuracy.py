@@ -74,26 +74,35 @@ def _corpus_wer(rows: list[dict]) -> float:
 
 
 def bench_stt(
-    models: list[str], beams: list[int], utterances: tuple[Utterance, ...], threads: int, windows: list[int]
+    models: list[str],
+    beams: list[int],
+    utterances: tuple[Utterance, ...],
+    threads: int,
+    windows: list[int],
+    hotwords: list[str] | None = None,
 ) -> list[dict]:
     """Every (model, beam, window) on every utterance, interleaved (each utterance goes through all settings in
     turn), so a busy neighbour slows every setting alike and the latency columns compare fairly. ``windows``:
-    stt.window_s values (30: Whisper's padded window; 0: fitted to the audio)."""
+    stt.window_s values (30: Whisper's padded window; 0: fitted to the audio). ``hotwords``: each setting also
+    with these stt.hotwords (does the hint cost words on speech that has none of them?)."""
+    hints: list[list[str]] = [[], hotwords] if hotwords else [[]]
     setups = [
         (
-            (model, beam, window),
+            (model, beam, window, len(hint)),
             SpeechToText(
                 resolve(model, "stt"),
                 STTConfig(language="en", compute_type="int8", beam_size=beam, threads=threads, window_s=window),
+                hotwords=hint,
             ),
         )
         for model in models
         for beam in beams
         for window in windows
+        for hint in hints
     ]
     for _, stt in setups:
         _text(stt, utterances[0].audio)  # the first pass allocates; not part of the figures
-    rows: dict[tuple[str, int, int], list[dict]] = {key: [] for key, _ in setups}
+    rows: dict[tuple[str, int, int, int], list[dict]] = {key: [] for key, _ in setups}
     for u in tqdm(utterances, desc="stt", disable=None, leave=False):
         for key, stt in setups:
             t0 = time.perf_counter()
@@ -113,7 +122,7 @@ def bench_stt(
                 }
             )
     results = []
-    for (model, beam, window), rs in rows.items():
+    for (model, beam, window, n_hints), rs in rows.items():
         passes = [r["pass_s"] for r in rs]
         voices = sorted({r["voice"] for r in rs})
         results.append(
@@ -121,6 +130,7 @@ def bench_stt(
                 "model": model,
                 "beam": beam,
                 "window_s": window,
+                "hotwords": n_hints,
                 "threads": threads,
                 "utterances": len(rs),
                 "wer": _corpus_wer(rs),
@@ -143,14 +153,14 @@ def stt_table(results: list[dict]) -> str:
         return ""
     lines = [
         (
-            f"{'model':18s} {'beam':>4s} {'window':>6s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} {'pass mean':>10s} "
-            f"{'pass p95':>9s} {'RTF':>6s}   (one offline pass per utterance, mean audio "
+            f"{'model':18s} {'beam':>4s} {'window':>6s} {'hotwords':>8s} {'WER':>6s} {'clean':>6s} {'noisy':>6s} "
+            f"{'pass mean':>10s} {'pass p95':>9s} {'RTF':>6s}   (one offline pass per utterance, mean audio "
             f"{results[0]['mean_audio_s']:.2f} s, {results[0]['utterances']} utterances)"
         )
     ]
     for r in results:
         lines.append(
-            f"{r['model']:18s} {r['beam']:4d} {r['window_s'] or 'fit':>6} {r['wer']:6.3f} "
+            f"{r['model']:18s} {r['beam']:4d} {r['window_s'] or 'fit':>6} {r.get('hotwords', 0):8d} {r['wer']:6.3f} "
             f"{r['wer_clean']:6.3f} {r['wer_noisy']:6.3f} "
             f"{r['pass_mean_s'] * 1000:8.0f}ms {r['pass_p95_s'] * 1000:7.0f}ms {r['rtf']:6.3f}"
         )
@@ -411,6 +421,16 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
+def _home_hotwords() -> list[str]:
+    """The default stt.hotwords of a home with the devices of the bench's case file (configs/home_cases.json)."""
+    from voice.config import stt_hotwords
+    from voice.config_servers import HomeDeviceConfig, MQTTConfig
+    from voice.home_casefile import DEFAULT_CASES, load_cases
+
+    devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in load_cases(DEFAULT_CASES).devices]
+    return stt_hotwords(STTConfig(), MQTTConfig.model_validate({"devices": devices}))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m voice.bench.stt_accuracy", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-results/stt_accuracy.json")
@@ -418,6 +438,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beams", default="1,5", help="comma-separated beam sizes")
     parser.add_argument("--threads", type=positive, default=2, help="STT CPU threads")
     parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
+    parser.add_argument(
+        "--hotwords",
+        default="",
+        help="also decode with these stt.hotwords (comma-separated; 'home': the device names and areas of "
+        "configs/home_cases.json, as voice.config.stt_hotwords makes them)",
+    )
     parser.add_argument("--per-voice", type=count, default=0, help="STT: only the first N sentences per voice (0: all)")
     parser.add_argument("--thresholds", default="0.5,0.7,0.9")
     parser.add_argument("--max-silences", default="1000,1500")
@@ -444,7 +470,9 @@ def main(argv: list[str] | None = None) -> int:
             keep = {f"{i:02d}" for i in range(opts.per_voice)}
             utterances = tuple(u for u in utterances if u.id.rsplit("/", 1)[1] in keep)
         models = [m for m in opts.models.split(",") if m]
-        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, _ints(opts.windows))
+        hotwords = _home_hotwords() if opts.hotwords == "home" else [h for h in opts.hotwords.split(",") if h.strip()]
+        result["hotwords"] = hotwords
+        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, _ints(opts.windows), hotwords)
         print(stt_table(result["stt"]))
     if not opts.skip_turn:
         onnx = resolve("smart-turn-v3.2", "turn").path
