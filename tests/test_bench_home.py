@@ -233,7 +233,7 @@ def test_a_state_answer_must_say_the_state_first_and_a_yes_or_no_must_fit_the_qu
 
 
 def test_the_spoken_sample_mixes_piper_and_espeak_voices_the_same_way_every_run():
-    from voice.bench.home import PIPER, SPOKEN_VOICES, speak_case, spoken_voices
+    from voice.home_casefile import PIPER, SPOKEN_VOICES, speak_case, spoken_voices
 
     mixed = spoken_voices(64, 0, "mixed")
     assert mixed == spoken_voices(64, 0, "mixed") and mixed != spoken_voices(64, 1, "mixed")

@@ -14,13 +14,17 @@ entry and names the fix, and scoring a reply (published, refused, consistent) is
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+import random
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from audio.frames import SPEECH_RATE
+from audio.wavfile import write_wav
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
 from voice.dialog.home import OPPOSITE
 from voice.events import ActionRequested
+from voice.speechset import Voice
 
 DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
 FIX_FORMAT = "see the format in `specvoice bench home --help`"
@@ -232,3 +236,48 @@ def published_actions(requests: list[ActionRequested], allowed: dict[str, list[s
         for r in requests
         if r.allowed and r.payload in allowed.get(r.topic, [])
     ]
+
+
+# ---- the spoken sample: piper (the assistant's voice) and espeak-ng accents ----
+
+SPOKEN_VOICES: tuple[Voice, ...] = (
+    Voice("espeak-us", "espeak", "en-us", 160),
+    Voice("espeak-gb", "espeak", "en-gb", 160),
+    Voice("espeak-scotland-f3", "espeak", "en-gb-scotland+f3", 145),
+    Voice("espeak-caribbean", "espeak", "en-029", 150),
+    Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
+    Voice("espeak-rp-m3", "espeak", "en-gb-x-rp+m3", 170),
+)
+PIPER = "piper"  # the assistant's own voice (synthesize_question)
+_LEAD_S = 0.3  # silence before an espeak utterance (piper's own output starts with some)
+
+
+def spoken_voices(n: int, seed: int, mix: str) -> list[str]:
+    """The voice of each of the first ``n`` spoken cases: ``PIPER`` or a ``SPOKEN_VOICES`` name, half and half
+    at random from ``seed`` ('mixed'), or all piper ('piper'). The same arguments give the same list."""
+    if mix == "piper":
+        return [PIPER] * n
+    rng = random.Random(seed)
+    return [PIPER if rng.random() < 0.5 else rng.choice(SPOKEN_VOICES).name for _ in range(n)]
+
+
+def speak_case(assistant: Any, text: str, voice: str, path: Path) -> Path:
+    """``text`` as a 16 kHz WAV spoken in ``voice`` (see ``spoken_voices``)."""
+    import numpy as np
+
+    from voice.wavturn import synthesize_question
+
+    if voice == PIPER:
+        return synthesize_question(assistant, text, path)
+    speech = next(v for v in SPOKEN_VOICES if v.name == voice).speak(text)
+    write_wav(path, np.concatenate([np.zeros(int(_LEAD_S * SPEECH_RATE), np.int16), speech]), SPEECH_RATE)
+    return path
+
+
+def home_hotwords(path: Path = DEFAULT_CASES) -> list[str]:
+    """The stt.hotwords a home with the case file's devices gets by default (voice.config.stt_hotwords)."""
+    from voice.config import STTConfig, stt_hotwords
+    from voice.config_servers import HomeDeviceConfig, MQTTConfig
+
+    devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in load_cases(path).devices]
+    return stt_hotwords(STTConfig(), MQTTConfig.model_validate({"devices": devices}))

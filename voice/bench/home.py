@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import platform
-import random
 import statistics
 import tempfile
 import time
@@ -44,54 +43,22 @@ from typing import Any
 
 from tqdm import tqdm
 
-from audio.frames import SPEECH_RATE
-from audio.wavfile import write_wav
 from voice.bench import count, positive
 from voice.config_servers import HomeDeviceConfig
 from voice.events import ActionRequested, Event, TurnDone, TurnError
 from voice.home_casefile import (
     DEFAULT_CASES,
+    PIPER,
     Case,
     CaseFileError,
     Result,
     load_cases,
     published_actions,
+    speak_case,
+    spoken_voices,
 )
-from voice.speechset import Voice
 
 # The espeak-ng half of the spoken sample: accents and speeds of `espeak-ng --voices=en` (as the varied STT set).
-SPOKEN_VOICES: tuple[Voice, ...] = (
-    Voice("espeak-us", "espeak", "en-us", 160),
-    Voice("espeak-gb", "espeak", "en-gb", 160),
-    Voice("espeak-scotland-f3", "espeak", "en-gb-scotland+f3", 145),
-    Voice("espeak-caribbean", "espeak", "en-029", 150),
-    Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
-    Voice("espeak-rp-m3", "espeak", "en-gb-x-rp+m3", 170),
-)
-PIPER = "piper"  # the assistant's own voice (synthesize_question)
-_LEAD_S = 0.3  # silence before an espeak utterance (piper's own output starts with some)
-
-
-def spoken_voices(n: int, seed: int, mix: str) -> list[str]:
-    """The voice of each of the first ``n`` spoken cases: ``PIPER`` or a ``SPOKEN_VOICES`` name, half and half
-    at random from ``seed`` ('mixed'), or all piper ('piper'). The same arguments give the same list."""
-    if mix == "piper":
-        return [PIPER] * n
-    rng = random.Random(seed)
-    return [PIPER if rng.random() < 0.5 else rng.choice(SPOKEN_VOICES).name for _ in range(n)]
-
-
-def speak_case(assistant: Any, text: str, voice: str, path: Path) -> Path:
-    """``text`` as a 16 kHz WAV spoken in ``voice`` (see ``spoken_voices``)."""
-    import numpy as np
-
-    from voice.wavturn import synthesize_question
-
-    if voice == PIPER:
-        return synthesize_question(assistant, text, path)
-    speech = next(v for v in SPOKEN_VOICES if v.name == voice).speak(text)
-    write_wav(path, np.concatenate([np.zeros(int(_LEAD_S * SPEECH_RATE), np.int16), speech]), SPEECH_RATE)
-    return path
 
 
 class HomeRunner:

@@ -43,6 +43,7 @@ from audio.vad import Vad
 from voice.bench import count, positive
 from voice.config import STTConfig
 from voice.hearing.stt import SpeechToText
+from voice.home_casefile import home_hotwords
 from voice.models import resolve
 from voice.speechset import (
     Utterance,
@@ -421,16 +422,6 @@ def _floats(text: str) -> list[float]:
     return [float(x) for x in text.split(",") if x]
 
 
-def _home_hotwords() -> list[str]:
-    """The default stt.hotwords of a home with the devices of the bench's case file (configs/home_cases.json)."""
-    from voice.config import stt_hotwords
-    from voice.config_servers import HomeDeviceConfig, MQTTConfig
-    from voice.home_casefile import DEFAULT_CASES, load_cases
-
-    devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in load_cases(DEFAULT_CASES).devices]
-    return stt_hotwords(STTConfig(), MQTTConfig.model_validate({"devices": devices}))
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m voice.bench.stt_accuracy", description=__doc__.split("\n")[0])
     parser.add_argument("--out", default="bench-results/stt_accuracy.json")
@@ -470,7 +461,7 @@ def main(argv: list[str] | None = None) -> int:
             keep = {f"{i:02d}" for i in range(opts.per_voice)}
             utterances = tuple(u for u in utterances if u.id.rsplit("/", 1)[1] in keep)
         models = [m for m in opts.models.split(",") if m]
-        hotwords = _home_hotwords() if opts.hotwords == "home" else [h for h in opts.hotwords.split(",") if h.strip()]
+        hotwords = home_hotwords() if opts.hotwords == "home" else [h for h in opts.hotwords.split(",") if h.strip()]
         result["hotwords"] = hotwords
         result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, _ints(opts.windows), hotwords)
         print(stt_table(result["stt"]))
