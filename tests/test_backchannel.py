@@ -110,4 +110,9 @@ def test_a_long_utterance_off_the_list_is_an_interruption():
     ],
 )
 def test_a_partial_stops_the_reply_only_when_it_clearly_interrupts(partial, stop_now):
-    assert clearly_interrupts(partial) is stop_now
+    assert clearly_interrupts(partial, speaking_s=1.2) is stop_now
+
+
+def test_a_long_partial_from_a_short_sound_waits_for_its_end():
+    assert not clearly_interrupts("I'm going to go ahead", speaking_s=0.5)  # Whisper's sentence for a hum
+    assert clearly_interrupts("Wait", speaking_s=0.3)

@@ -116,13 +116,14 @@ def is_backchannel(text: str, voiced_s: float | None = None) -> bool:
     )
 
 
-def clearly_interrupts(partial: str) -> bool:
-    """For a partial transcript, while the speech goes on: stop now only on a word that asks to stop or on more
-    than ``PARTIAL_WORDS`` words off the list (a partial is Whisper's guess at unfinished audio)."""
+def clearly_interrupts(partial: str, speaking_s: float) -> bool:
+    """For a partial transcript, while the speech goes on (``speaking_s`` so far): stop now on a word that asks
+    to stop, or on more than ``PARTIAL_WORDS`` words off the list once the speech is longer than a backchannel
+    (Whisper's guess at a half-second hum can be a whole sentence)."""
     words = _words(partial)
     if _acknowledgements_only(words):
         return False
-    return bool(INTERRUPTIONS.intersection(words)) or len(words) > PARTIAL_WORDS
+    return bool(INTERRUPTIONS.intersection(words)) or (len(words) > PARTIAL_WORDS and speaking_s > SHORT_S)
 
 
 def _words(text: str) -> list[str]:

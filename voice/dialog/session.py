@@ -223,7 +223,8 @@ class Session:
             self.emit(event)
         elif isinstance(event, TranscriptPartial):
             self.emit(event)
-            if self._hold is not None and clearly_interrupts(event.text):
+            if self._hold is not None and clearly_interrupts(event.text, time.monotonic() - self._hold.since):
+                self.held_words.append((event.text, None, False))
                 await self._barge_in()
             self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
@@ -247,8 +248,7 @@ class Session:
     # ---- backchannels ---------------------------------------------------------------------------------------
 
     def _can_hold(self, turn: Turn) -> bool:
-        """Hold rather than stop: the user is hearing the reply (some of it is out) through a sink that can go
-        quiet without losing its queue."""
+        """Hold rather than stop: some of the reply is out, through a sink that can go quiet keeping its queue."""
         return self.config.dialog.backchannels and isinstance(self.sink, HoldableSink) and turn.outcome.samples_out > 0
 
     def _start_hold(self, turn: Turn, event: SpeechStarted) -> None:
