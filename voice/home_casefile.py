@@ -24,7 +24,7 @@ from audio.wavfile import write_wav
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
 from voice.dialog.home import OPPOSITE
 from voice.events import ActionRequested
-from voice.speechset import Voice
+from voice.speechset import voices
 
 DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
 FIX_FORMAT = "see the format in `specvoice bench home --help`"
@@ -240,13 +240,8 @@ def published_actions(requests: list[ActionRequested], allowed: dict[str, list[s
 
 # ---- the spoken sample: piper (the assistant's voice) and espeak-ng accents ----
 
-SPOKEN_VOICES: tuple[Voice, ...] = (
-    Voice("espeak-us", "espeak", "en-us", 160),
-    Voice("espeak-gb", "espeak", "en-gb", 160),
-    Voice("espeak-scotland-f3", "espeak", "en-gb-scotland+f3", 145),
-    Voice("espeak-caribbean", "espeak", "en-029", 150),
-    Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
-    Voice("espeak-rp-m3", "espeak", "en-gb-x-rp+m3", 170),
+SPOKEN_VOICES = voices(
+    "espeak-us", "espeak-gb", "espeak-scotland-f3", "espeak-caribbean", "espeak-nyc-f2", "espeak-rp-m3"
 )
 PIPER = "piper"  # the assistant's own voice (synthesize_question)
 _LEAD_S = 0.3  # silence before an espeak utterance (piper's own output starts with some)

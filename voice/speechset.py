@@ -313,6 +313,14 @@ TURN_VOICES: tuple[Voice, ...] = (
     Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
     Voice("piper-joe-pink20", "piper", noise="pink", snr_db=20.0),
 )
+
+
+def voices(*names: str) -> tuple[Voice, ...]:
+    """The voices of these names, from VARIED_VOICES and TURN_VOICES (one definition of each voice)."""
+    known = {v.name: v for v in (*VARIED_VOICES, *TURN_VOICES)}
+    return tuple(known[name] for name in names)
+
+
 TURN_LEAD_S = 0.5  # silence before the speech
 TURN_TAIL_S = 2.5  # silence after it: longer than any end-of-turn wait, so every rule can decide
 
