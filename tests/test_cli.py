@@ -73,6 +73,9 @@ def test_every_help_exits_0_with_usage_on_stdout(command):
         (("bench", "soak", "--turns", "ten"), "--turns: 'ten' is not an integer"),
         (("bench", "pipeline", "--questions", "-1"), "--questions: -1 is below 1"),
         (("bench", "frontend", "--tokens-per-s", "x"), "--tokens-per-s: 'x' is not a number"),
+        (("bench", "backchannel", "--echo-gain", "-1"), "--echo-gain: -1 is below 0"),
+        (("bench", "backchannel", "--after", "soon"), "--after: 'soon' is not a number"),
+        (("bench", "home", "--format", "json"), "--format: invalid choice"),
     ],
 )
 def test_a_nonsense_bench_number_is_a_usage_error_naming_the_flag(args, named):

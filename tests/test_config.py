@@ -140,6 +140,9 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ("[tts]\nnoise_scale = -0.1\n", "tts.noise_scale"),
         ('[tts]\nnoise_w_scale = "calm"\n', "tts.noise_w_scale"),
         ('[llm]\nhuge_pages = "always"\n', "llm.huge_pages"),
+        ('[dialog]\nbackchannels = "sometimes"\n', "dialog.backchannels"),
+        ("[dialog]\nbackchannel_hold_s = 0\n", "dialog.backchannel_hold_s"),
+        ('[mqtt]\naction_format = "json"\n', "mqtt.action_format"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):

@@ -29,8 +29,8 @@ from audio.resample import resample
 from audio.sinks import WavSink
 from voice import tasks
 from voice.assistant import Assistant
-from voice.bench import positive
-from voice.speechset import Voice
+from voice.bench import positive, seconds
+from voice.speechset import voices
 
 BACKCHANNELS = ("Mhm.", "Uh-huh.", "Yeah.", "Okay.", "Right.", "Yeah, okay.", "I see.", "Ha ha ha.")
 INTERRUPTIONS = (
@@ -42,13 +42,7 @@ INTERRUPTIONS = (
     "Wait, what about Paris?",
     "Actually, tell me about dogs instead.",
 )
-VOICES = (
-    Voice("piper-joe", "piper"),
-    Voice("piper-joe-fast", "piper", length_scale=0.85),
-    Voice("espeak-us", "espeak", "en-us", 160),
-    Voice("espeak-scotland-f3", "espeak", "en-gb-scotland+f3", 145),
-    Voice("espeak-nyc-f2", "espeak", "en-us-nyc+f2", 175),
-)
+VOICES = voices("piper-joe", "piper-joe-fast", "espeak-us", "espeak-scotland-f3", "espeak-nyc-f2")
 ANNOUNCEMENT = (
     "Here is the weather for the coming week. Monday starts cloudy with a little rain in the afternoon, and "
     "Tuesday brings sunshine and a light breeze from the west. On Wednesday the clouds return, and Thursday "
@@ -152,10 +146,10 @@ async def bench(config: Any, argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench backchannel", description=__doc__.split("\n\n")[0])
     p.add_argument("--json", default="bench-results/backchannel.json")
     p.add_argument("--limit", type=positive, help="only every k-th clip, so about this many in all")
-    p.add_argument("--after", type=float, default=1.0, help="seconds of the reply played before the clip")
-    p.add_argument("--timeout", type=float, default=4.0, help="seconds of silence after the clip, at most")
+    p.add_argument("--after", type=seconds, default=1.0, help="seconds of the reply played before the clip")
+    p.add_argument("--timeout", type=seconds, default=4.0, help="seconds of silence after the clip, at most")
     p.add_argument(
-        "--echo-gain", type=float, default=0.3, help="the reply's echo in the microphone (0: none; 0.3: a desk)"
+        "--echo-gain", type=seconds, default=0.3, help="the reply's echo in the microphone (0: none; 0.3: a desk)"
     )
     args = p.parse_args(argv)
     assistant = await Assistant.load(config)
