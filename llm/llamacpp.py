@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from llm.cache import CachedLM, common_prefix
+from llm.cpu_share import CpuShare
 from llm.huge_pages import HugePages, anonymous_mappings, collapse_new
 
 log = logging.getLogger("specvoice.llm")
@@ -127,6 +128,11 @@ class GgufModel:
     batch: int  # most tokens one llama_decode takes (a longer feed is split)
     spare: list[Any] = field(default_factory=list)  # contexts given back, emptied, for the next cache to take
     huge: HugePages = field(default_factory=HugePages)  # what llm.huge_pages did for the weights
+    share: CpuShare | None = None  # llm.threads unset: run on the cores other programs leave free
+
+    def threads_now(self) -> int:
+        """The threads a pass should use now: llm.threads when set, else the cores not kept busy by others."""
+        return self.threads if self.share is None else self.share.threads()
 
     @classmethod
     def load(
@@ -146,6 +152,8 @@ class GgufModel:
             )
         vocab = lib.llama_model_get_vocab(model)
         loaded = cls(path, model, vocab, lib.llama_vocab_n_tokens(vocab), check_threads(threads), context_limit, batch)
+        if threads is None:
+            loaded.share = CpuShare(loaded.threads)
         if huge_pages:
             loaded.huge = collapse_new(before)
             log.debug(
@@ -218,11 +226,13 @@ class LlamaCppLM(CachedLM):
         self.gguf = model
         self._ctx: Any = None
         self._batch: Any = None
+        self._threads = 0  # what the context was last told to run on (0: not yet)
 
     def _context(self) -> Any:
         if self._ctx is None:
             lib = _llama_cpp()
             self._ctx = self.gguf.take_context()
+            self._threads = 0  # a spare context keeps the count its last user set
             self._batch = lib.llama_batch_init(self.gguf.batch, 0, 1)
         return self._ctx
 
@@ -268,6 +278,9 @@ class LlamaCppLM(CachedLM):
             )
         ctx, batch = self._context(), self._batch
         first_out = len(feed) - n_out
+        if (threads := self.gguf.threads_now()) != self._threads:
+            lib.llama_set_n_threads(ctx, threads, threads)
+            self._threads = threads
         try:
             for at in range(0, len(feed), self.gguf.batch):
                 part = feed[at : at + self.gguf.batch]

@@ -111,7 +111,7 @@ class LoadSettings:
     engine: EngineKind | None = None  # None: ``default_engine(device)``
     device: str = "cpu"
     dtype: Dtype = "bfloat16"
-    threads: int | None = None  # LLM compute threads; None: all cores
+    threads: int | None = None  # LLM compute threads; None: all cores (llama.cpp: those others leave free)
     mode: Mode = DecodeSettings.mode  # without a draft model unless "draft"
     draft_quantize: DraftQuantize = "int4"  # the draft need not be exact: verification keeps the output exact
     target_quantize: TargetQuantize = "none"

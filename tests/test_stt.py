@@ -9,7 +9,7 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
-from voice.hearing.stt import SpeechToText, Word, _drop_unheard_tail, _piled_up, _ran_on
+from voice.hearing.stt import SpeechToText, Word, _drop_unheard_tail, _once, _piled_up, _ran_on
 from voice.models import ModelError, resolve
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
@@ -140,50 +140,57 @@ async def test_partials_and_finals_decode_with_their_own_beam(small_config):
 
 
 async def test_a_fitted_window_keeps_whisper_s_words_on_clean_speech(stt, small_config):
-    """stt.window_s = 30 (the default) is Whisper's padded window; 0 encodes a window just longer than the audio
-    (the encoder is most of a pass). On clean sentences the words are those of the padded window, every one: the
+    """stt.window_s = 0 (the default) encodes a window just longer than the audio (the encoder is most of a pass);
+    30 is Whisper's padded window. On clean sentences the words are those of the padded window, every one: the
     audio is the same every run (piper's noise is off) and Whisper is deterministic on the same audio."""
-    assert stt.settings.window_s == 30 and stt.window_s(16000) == 30
-    fitted = SpeechToText(
-        resolve(small_config.models.stt, "stt"), STTConfig(**{**small_config.stt.model_dump(), "window_s": 0})
+    assert stt.settings.window_s == 0
+    assert [stt.window_s(int(16000 * s)) for s in (2.9, 9.4, 9.6, 29.4, 45.0)] == [10, 10, 11, 30, 30]
+    # under 2 s a plain pass gets the whole window ("Amber number." for "Amber"), the pass at a pause does not
+    assert stt.window_s(int(16000 * 0.9)) == 30 and stt.window_s(int(16000 * 0.9), prompted=True) == 10
+    whole = SpeechToText(
+        resolve(small_config.models.stt, "stt"), STTConfig(**{**small_config.stt.model_dump(), "window_s": 30})
     )
-    assert [fitted.window_s(int(16000 * s)) for s in (0.3, 2.9, 9.4, 9.6, 29.4, 45.0)] == [10, 10, 10, 11, 30, 30]
+    assert whole.window_s(16000) == 30
     differ = 0
     for sentence in SENTENCES:
         audio = np.concatenate([piper(sentence), silence(300)]).astype(np.float32) / 32768.0
-        short, whole = fitted.decode(audio), stt.decode(audio)
-        a, b = (normalize_words(" ".join(w.text for w in ws)) for ws in (short, whole))
+        short, padded = stt.decode(audio), whole.decode(audio)
+        a, b = (normalize_words(" ".join(w.text for w in ws)) for ws in (short, padded))
         assert len(a) == len(b), (a, b)
         differ += sum(x != y for x, y in zip(a, b, strict=True))
         assert short and short[-1].end <= len(audio) / 16000 + 0.1  # word times stay within the audio
     assert differ == 0
 
 
-async def test_a_prompted_pass_is_not_continued_past_the_speech(small_config):
-    """The pass at a pause carries audio.end_of_turn.TRANSCRIPT_PROMPT. With that prompt a shortened window made Whisper
-    run on after the question ("... octopuses. Thanks for watching, see you next time, ..."): a prompted pass
-    gets the whole window, and a fitted pass whose last words pile up at one instant is decoded again whole."""
-    sentence = "Tell me a fun fact about octopuses."
-    audio = np.concatenate([piper(sentence), silence(200)]).astype(np.float32) / 32768.0
-
-    def stt_with(window_s: int) -> SpeechToText:
-        settings = STTConfig(**{**small_config.stt.model_dump(), "window_s": window_s, "beam_size": 5})
-        return SpeechToText(resolve(small_config.models.stt, "stt"), settings)
-
-    fitted, forced = stt_with(0), stt_with(10)
-    assert fitted.window_s(len(audio)) == 10 and forced.window_s(len(audio)) == 10
-    # a forced 10 s prompted pass ran on and was not caught by the pile-up rule in one run: every prompted pass
-    # gets Whisper's 30 s, whatever stt.window_s says
-    assert fitted.window_s(len(audio), prompted=True) == forced.window_s(len(audio), prompted=True) == 30
-    # what the run-on looked like (2.10-2.10 s ...: text with no audio under it), recorded from a 10 s pass on
-    # one of piper's noisy renderings of the sentence (the noise-free one does not run on)
+def test_a_fitted_pass_s_faults_are_caught():
+    """What a shortened window got wrong, as word timings recorded from tiny.en: a run-on after the speech (text
+    with no audio under it, which word timing piles up at one instant) sends the pass back to the whole window;
+    a short reply written twice keeps one copy; words over the quiet after the speech are dropped."""
     said = [Word(" octopuses.", 1.42, 2.10)]
     run_on = said + [Word(w, 2.10, 2.10) for w in (" Thanks", " for", " watching,", " see", " you")]
-    assert _piled_up(run_on) and not _piled_up(said * 3) and not _piled_up(run_on[:2])
-    for stt in (fitted, forced):  # both passes get the whole window
-        heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT))
-        assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
-        assert wer(sentence, heard) <= 0.3, heard  # tiny.en may mishear a word ("the" for "a")
+    assert _ran_on(run_on, 2.3) and not _ran_on(said * 3, 2.3) and not _piled_up(run_on[:2])
+    assert _ran_on([Word(" door,", 0.1 * i, 0.1 * i + 0.1) for i in (range(20))], 2.0)  # more words than 2 s hold
+    twice = [Word(" No...", 0.25, 0.5), Word(" No...", 0.5, 0.7)]
+    assert _once(twice) == twice[:1]
+    five = [Word(" Five", 0.3, 0.6), Word(" minutes.", 0.6, 1.0), Word(" 5", 1.0, 1.1), Word(" minutes.", 1.1, 1.2)]
+    assert _once(five) == five  # "Five" and "5" are other words: kept
+    no_no = [Word(" No,", 0.2, 0.4), Word(" no,", 0.5, 0.7), Word(" no.", 0.8, 1.0)]
+    assert _once(no_no) == no_no  # three times is what the user said
+    audio = np.concatenate([np.full(16000, 0.1, np.float32), np.zeros(8000, np.float32)])  # 1 s loud, 0.5 s quiet
+    heard = [Word(" Turn", 0.1, 0.4), Word(" on.", 0.5, 0.9), Word(" Music.", 1.1, 1.4)]
+    assert _drop_unheard_tail(heard, audio) == heard[:2]
+
+
+async def test_a_prompted_fitted_pass_is_not_continued_past_the_speech(stt):
+    """The pass at a pause carries audio.end_of_turn.TRANSCRIPT_PROMPT, and with that prompt a shortened window
+    once ran on after this question ("... octopuses. Thanks for watching, see you next time, ..."); with the
+    checks above the pass ends with the question."""
+    sentence = "Tell me a fun fact about octopuses."
+    audio = np.concatenate([piper(sentence), silence(200)]).astype(np.float32) / 32768.0
+    assert stt.window_s(len(audio), prompted=True) == 10
+    heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT, beam_size=5))
+    assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
+    assert wer(sentence, heard) <= 0.3, heard  # tiny.en may mishear a word ("the" for "a")
 
 
 async def test_no_new_audio_gives_no_partial(stt):
@@ -275,7 +282,6 @@ async def test_the_configured_hotwords_reach_whisper_s_transcribe_call(small_con
     await stream.partial(style=TRANSCRIPT_PROMPT, final_beam=True, min_new_s=0.0)  # the pass at a pause
     assert [c["hotwords"] for c in calls] == ["Towel warmer, Bathroom."] * 2
     assert [c["initial_prompt"] for c in calls] == [None, TRANSCRIPT_PROMPT]  # the hint does not replace it
-    assert stt.window_s(16000, prompted=True) == 30
     # stt.hotwords set in the config wins over the devices; [] turns the hint off
     for own, sent in ((["Nanoleaf"], "Nanoleaf."), ([], None)):
         settings = STTConfig(**{**config.stt.model_dump(), "hotwords": own})

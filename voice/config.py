@@ -70,7 +70,10 @@ class LLMConfig(_Section):
     device: str = _LOAD.device
     dtype: Dtype = _LOAD.dtype
     threads: int | None = Field(
-        _LOAD.threads, ge=1, description="LLM compute threads (torch or llama.cpp); default: all cores"
+        _LOAD.threads,
+        ge=1,
+        description="LLM compute threads (torch or llama.cpp); default: all cores, and with llama.cpp only those "
+        "other programs leave free (measured as it runs)",
     )
     mode: Mode = _DECODE.mode
     draft_length: DraftLength = _DECODE.draft_length

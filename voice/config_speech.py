@@ -24,14 +24,18 @@ class STTConfig(_Section):
     partial_beam_size: int = Field(1, ge=1, description="beam of the passes while the user speaks (partials)")
     partial_interval_ms: int = Field(600, ge=100)
     window_s: int = Field(
-        30,
+        0,
         ge=0,
         le=30,
-        description="Whisper's input window in seconds: 30 is Whisper's own, padded window; 0 fits it to the audio "
-        "(a pass ~2.9x faster, WER .118 vs .114 on the varied set, but single utterances ran on or were misheard: "
-        "opt-in; a pass with a prompt keeps 30)",
+        description="Whisper's input window in seconds: 0 (the default) fits it to the audio, at least 10 s (the "
+        "pass at a pause 1.9x faster, WER .109 vs .391 unguarded on the varied set); 30 is Whisper's own padded window",
     )
-    threads: int = Field(2, ge=1)
+    threads: int = Field(
+        1,
+        ge=1,
+        description="CTranslate2 threads of a Whisper pass: tiny.en's pass at a pause took 289 ms on one thread and "
+        "320-388 on two (2-core CPU, quiet), and one leaves the other core to the LLM",
+    )
     backend: Literal["local", "wyoming"] = Field(
         "local",
         description="wyoming: transcribe on a Wyoming asr "

@@ -103,6 +103,7 @@ async def _run(config, args: argparse.Namespace) -> int:
                         "reply": done.reply,
                         "early_reply": bool(done.trace.get("early_reply")),
                         "early_replies": dict(session.early_replies),  # started and adopted (the rest dropped)
+                        "early_lead_ms": done.trace.get("early_lead_ms"),  # started this long before the end
                         "end_of_turn": done.trace.get("end_of_turn"),
                         "tokens_per_s": decoder.get("tokens_per_s"),
                         "ttft_s": decoder.get("ttft_s"),
@@ -126,9 +127,11 @@ async def _run(config, args: argparse.Namespace) -> int:
     for mode, rs in rows.items():
         started = sum(r["early_replies"]["started"] for r in rs)
         adopted = sum(r["early_replies"]["adopted"] for r in rs)
+        leads = [r["early_lead_ms"] for r in rs if r["early_lead_ms"] is not None]
         print(
             f"{mode}: early replies (on the pause transcript, before the endpoint): {started} started, "
-            f"{adopted} adopted, {started - adopted} dropped, in {len(rs)} turns"
+            f"{adopted} adopted, {started - adopted} dropped, in {len(rs)} turns; adopted ones began "
+            f"{percentiles(leads).get('p50', float('nan')):.0f} ms (p50) before the end of the turn"
         )
         ends = [f"{(r['end_of_turn'] or {}).get('rule')}/{(r['end_of_turn'] or {}).get('reason')}" for r in rs]
         print(f"{mode}: turns ended by " + ", ".join(f"{e} x{ends.count(e)}" for e in sorted(set(ends))))

@@ -427,7 +427,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench-results/stt_accuracy.json")
     parser.add_argument("--models", default="whisper-tiny.en,whisper-base", help="comma-separated STT models")
     parser.add_argument("--beams", default="1,5", help="comma-separated beam sizes")
-    parser.add_argument("--threads", type=positive, default=2, help="STT CPU threads")
+    parser.add_argument("--threads", type=positive, default=STTConfig().threads, help="STT CPU threads")
     parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
     parser.add_argument(
         "--hotwords",
@@ -477,7 +477,7 @@ def main(argv: list[str] | None = None) -> int:
             )
         )
         vad = Vad(resolve("silero-vad", "vad").path, end_silence_ms=10_000)
-        tiny = SpeechToText(resolve("whisper-tiny.en", "stt"), STTConfig(language="en", compute_type="int8", threads=2))
+        tiny = SpeechToText(resolve("whisper-tiny.en", "stt"), STTConfig(language="en", compute_type="int8"))
         policies = _policies(_floats(opts.thresholds), _ints(opts.max_silences), _ints(opts.reasks), opts.min_silence)
         result["turn"] = bench_turn(
             policies,

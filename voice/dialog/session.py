@@ -156,9 +156,8 @@ class Session:
 
     @property
     def tools(self) -> list[Tool] | None:
-        """The functions the model may call (a websocket client's ``session.tools``): the turn keeps their calls
-        out of the speech, and a conversation that takes tools (the local one: its chat template shows them to
-        the model) gets them too."""
+        """The functions the model may call (a websocket client's ``session.tools``): their calls are kept out of
+        the speech, and a conversation that takes tools (the local one, via its chat template) is given them."""
         return self.ctx.tools
 
     @tools.setter
@@ -183,9 +182,8 @@ class Session:
         self.assistant.broadcast(self.id, event)
 
     def _set_state(self, state: State) -> None:
-        if self._hold is not None and state == State.SPEAKING:
-            return  # a held reply is quiet: the user is speaking
-        if state != self.state:
+        held = self._hold is not None and state == State.SPEAKING  # a held reply is quiet: the user is speaking
+        if state != self.state and not held:
             self.state = state
             self.emit(StateChanged(state))
 
@@ -204,9 +202,10 @@ class Session:
             raise RuntimeError(f"session {self.id} is closed")
         self.listener.replying = self.replying
         for event in await self.listener.accept_chunk(samples, t, reference):
-            await self._on_listen_event(event)
+            if await self._on_listen_event(event):
+                break  # a backchannel was heard on its pause: the end of its utterance that follows is no turn
 
-    async def _on_listen_event(self, event: ListenEvent) -> None:
+    async def _on_listen_event(self, event: ListenEvent) -> bool:
         if isinstance(event, SpeechStarted):
             if self._hold is not None:
                 self._hold.goes_on()
@@ -233,7 +232,7 @@ class Session:
                 if self._judge(event.text, None if pause is None else pause - self._hold.start_t):
                     self.listener.clear()  # the "mhm" is not a question to answer
                     self._resume(event.text)
-                    return
+                    return True
                 await self._barge_in()
             self._start_early(event.text)
         elif isinstance(event, SpeechResumed):
@@ -244,6 +243,7 @@ class Session:
                 self._hold.deciding = self.assistant.spawn(self._decide(self._hold))
             else:
                 self._answer(event)
+        return False
 
     # ---- backchannels ---------------------------------------------------------------------------------------
 

@@ -96,6 +96,7 @@ class EarlyReply:
 
     def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
         self.ctx, self.text = ctx, text
+        self.started = time.monotonic()  # how far ahead of the end of the turn it began: the eager end's gain
         self._on_adopt = on_adopt
         self._adopted = False
         self._queue: asyncio.Queue[Emission | Exception | None] = asyncio.Queue()  # ... then None at the end
@@ -180,6 +181,8 @@ class Turn:
     ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
         self.source, self.utterance, self.early = source, utterance, early
+        if early is not None:  # the eager end of turn's gain: the reply began this long before the turn ended
+            trace.extra["early_lead_ms"] = round((time.monotonic() - early.started) * 1000)
         self.before = list(before)  # utterances of turns the user went on from (hand_over): asked together
         self._handed_over = False
         self.outcome = ReplyOutcome()

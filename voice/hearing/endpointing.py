@@ -82,7 +82,6 @@ class SemanticEnd:
         self._probe: tuple[int, asyncio.Future[float]] | None = None  # (ask id, Smart Turn call)
         self._probability: tuple[int, float] | None = None  # an answer waiting for the transcript
         self._text: str | None = None  # the words before the current pause, once its pass is in
-        self.wait_reason = ""  # the current pause's WAIT verdict: "incomplete" or "unfinished_text"
         self.last: TurnStep | None = None  # the step that ended the last turn (for traces and benchmarks)
 
     @property
@@ -96,7 +95,7 @@ class SemanticEnd:
         self.add(preroll)
 
     def _new_pause(self) -> None:
-        self._probability, self._text, self.wait_reason = None, None, ""
+        self._probability, self._text = None, None
 
     def add(self, samples: np.ndarray) -> None:
         if not len(samples):
@@ -148,10 +147,7 @@ class SemanticEnd:
         if p >= self.settings.threshold and self.settings.use_transcript and self._text is None:
             return None  # "complete" needs the transcript's word: wait for the pause's pass
         self._probability = None
-        step = self.policy.verdict(ask_id, p, t, self._text if self.settings.use_transcript else None)
-        if step.action is TurnAction.WAIT and step.reason:
-            self.wait_reason = step.reason
-        return step
+        return self.policy.verdict(ask_id, p, t, self._text if self.settings.use_transcript else None)
 
     async def close(self) -> None:
         """Wait for a Smart Turn call still running (it cannot be cut)."""

@@ -17,9 +17,12 @@ Three ways a turn ends (speech shorter than ``vad.min_speech_ms``, a cough, neve
 
 When the user pauses, a Whisper pass starts at once (``PAUSE_PASS_S``), with the final's beam: if the pause
 becomes the end of the turn, that pass IS the final transcript (``Utterance.final()`` then decodes nothing),
-and its words before the pause are what the semantic end checks. ``PauseHeard`` lets the session start an
-early reply while the end is undecided: with the VAD rule once the pause's transcript is in; with the semantic
-end when Smart Turn said "not finished yet" but the words read whole (a "complete" ends the turn at once).
+and its words before the pause are what the semantic end checks. ``PauseHeard`` (the eager end of turn) goes
+out as soon as that pass is in and its words read whole (they do not trail off: "Set a timer for..."), before
+the end of the turn is decided: the session starts the reply on it and holds its output until the turn ends
+there, or drops it when the user goes on. With the semantic end that is the same block in which Smart Turn's
+"complete" ends the turn (it waits for this transcript), or a pause of up to ``turn.max_silence_ms`` earlier
+when Smart Turn heard the user as not finished.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from audio.end_of_turn import TRANSCRIPT_PROMPT, TurnAction
+from audio.end_of_turn import TRANSCRIPT_PROMPT, TurnAction, transcript_unfinished
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad, VadEvent
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
@@ -309,7 +312,7 @@ class Listener:
 
     def _semantic_end(self, t: float) -> list[ListenEvent]:
         """One block of the semantic end of turn: tell the policy what the VAD heard, hand it the answers that
-        came in, end the turn when it says so; ``PauseHeard`` when it waits on a pause whose words read whole."""
+        came in, end the turn when it says so."""
         assert self.vad is not None and self.turn is not None and self._stream is not None
         turn, pause = self.turn, self.vad.pause_since
         step = turn.observe(t, self.vad.speaking and pause is None, pause)
@@ -320,16 +323,6 @@ class Listener:
             ended = self._close(pause if pause is not None else t, t, reason=step.reason)
             ended.utterance.probability = turn.policy.last_probability
             return [ended]
-        stream = self._stream
-        if (
-            turn.wait_reason == "incomplete"
-            and turn.has_transcript
-            and not self._paused_heard
-            and stream.nothing_new()
-            and stream.text
-        ):
-            self._paused_heard = True
-            return [PauseHeard(stream.text)]
         return []
 
     def _addressed(self, event: VadEvent) -> bool:
@@ -457,11 +450,15 @@ class Listener:
             self._last_partial = text
             events.append(TranscriptPartial(text, stream.committed))
         pause = self.vad.pause_since if self.vad is not None else None
+        whole = pause is not None and not self._paused_heard and stream.nothing_new() and bool(stream.text)
         if self.turn is not None:
-            if ok and of_pause is not None and of_pause == pause:
-                # the pass that started in this pause saw every word before it: the semantic end's transcript
-                self.turn.transcript(stream.text_before(stream.elapsed - (self._end_t - pause)))
-        elif pause is not None and not self._paused_heard and stream.nothing_new() and stream.text:
+            if not (ok and of_pause is not None and of_pause == pause):
+                return events
+            # the pass that started in this pause saw every word before it: the semantic end's transcript
+            before = stream.text_before(stream.elapsed - (self._end_t - pause))
+            self.turn.transcript(before)
+            whole = whole and not transcript_unfinished(before)  # a reply to "Set a timer for..." is wasted
+        if whole:
             self._paused_heard = True
-            events.append(PauseHeard(stream.text))
+            events.append(PauseHeard(stream.text))  # before the end of the turn, which may follow in this block
         return events

@@ -9,17 +9,18 @@ re-decodes only the audio after the trim point, and not at all when the last pas
 
 The window: Whisper pads its input to a 30 s window, and the encoder's cost is that of the window whatever
 the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder's few tokens are the rest).
-``stt.window_s = 0`` (opt-in; the default is Whisper's 30) fits the window to the audio, rounded up to whole
-seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder
-is fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and
-a pass takes a fraction of the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER
-included). Two exceptions keep Whisper in the conditions it was trained on: a pass with an initial prompt (the pass at a
-pause, with audio.end_of_turn.TRANSCRIPT_PROMPT) always gets the whole window, because a shortened one made it
-continue past the speech ("... octopuses. Thanks for watching, see you next time, ...") in 5 of 18 tries at
-10 s and still at 20 s; and a fitted pass whose last words pile up at one instant (Whisper's sign of text with
-no audio under it) is decoded again with the whole window. It stays opt-in: in the test suite a fitted window
-still ran on after a one-word utterance ("Amber. remember.") and misheard a clean one ("and no can bread" for
-"Add milk and bread"), which the 30 s window did not.
+``stt.window_s = 0`` (the default) fits the window to the audio, rounded up to whole seconds with a margin and
+never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is fed only that part of
+faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the pass at a pause takes
+about half the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER included). A
+shortened window has three known faults, each checked after the pass: it may run on past the speech ("...
+octopuses. Thanks for watching, see you next time, ...": words piled up at one instant, or more words than the
+audio can hold), and is then decoded again with the whole window; it may write words over the quiet after the
+speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No... No..."), and
+the copy is dropped (``_once``). The whole window is not safe from the first two either: with the pause pass's
+prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every prompted pass gets
+the same checks. Passes with hotwords, and plain passes over less than 2 s of audio, keep the whole window
+(``window_s`` says why).
 
 Why ``final`` does not decode only the audio after
 the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
@@ -29,10 +30,10 @@ follows them. Known Whisper hallucinations on silence ("Thanks for watching!") a
 Hotwords (``stt.hotwords``; by default the names and areas of ``mqtt.devices``, from voice.config.stt_hotwords):
 faster-whisper puts them in front of every pass's prompt (before the initial prompt, so the pass at a pause gets
 both; they are dropped only when a ``prefix`` is given, which this module never does). tiny.en heard "sprinkler"
-as "spring clerk" and "tv socket" as "TB socket" until told the names. A pass with hotwords is a prompted pass
-(the whole window, as above); one that runs on past its audio is decoded again without them (``_ran_on``), and
-its last words over quiet audio are dropped (with a prompt Whisper sometimes goes on into the silence after the
-request: "... to on. Music.").
+as "spring clerk" and "tv socket" as "TB socket" until told the names. A pass with hotwords gets the whole window;
+one that runs on past its audio is decoded again without them (``_ran_on``), and its last words over quiet
+audio are dropped (with a prompt Whisper sometimes goes on into the silence after the request: "... to on.
+Music.").
 
 Two beam sizes: ``stt.partial_beam_size`` for the passes while the user speaks (they only have to agree with
 each other) and ``stt.beam_size`` for every pass that can become the final (at a pause, and the final's own).
@@ -62,6 +63,7 @@ log = logging.getLogger("specvoice.stt")
 WHISPER_WINDOW_S = 30  # the window Whisper was trained on
 MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
+SHORT_AUDIO_S = 2.0  # an unprompted pass over less audio than this gets the whole window (``window_s``)
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
@@ -121,7 +123,7 @@ def _span_rms(audio: np.ndarray, start: float, end: float) -> float:
 
 
 def _drop_unheard_tail(words: list[Word], audio: np.ndarray) -> list[Word]:
-    """A hinted pass without its last words that lie over quiet audio: with a prompt Whisper sometimes goes on
+    """A pass without its last words that lie over quiet audio: with a prompt Whisper sometimes goes on
     into the silence after the request ("... to on. Music.", "... hallway. Thanks for watching, ..."), words
     with nothing under them (spoken words measured 0.04-0.2 RMS, quiet is below _QUIET_RMS)."""
     end = len(words)
@@ -130,6 +132,16 @@ def _drop_unheard_tail(words: list[Word], audio: np.ndarray) -> list[Word]:
     if end < len(words):
         log.debug("dropped words over quiet audio", extra={"text": _join(words[end:])})
     return words[:end]
+
+
+def _once(words: list[Word]) -> list[Word]:
+    """The words without a second copy of themselves: a short window makes Whisper write a short reply twice
+    ("No... No...", "Five minutes. Five minutes.": 24 of 140 one- and two-word replies in 14 voices)."""
+    half = len(words) // 2
+    if half and len(words) % 2 == 0 and [w.key for w in words[:half]] == [w.key for w in words[half:]]:
+        log.debug("dropped a repeat of the whole text", extra={"text": _join(words)})
+        return words[:half]
+    return words
 
 
 def hint_text(phrases: Sequence[str]) -> str | None:
@@ -214,22 +226,26 @@ class SpeechToText:
 
     def decode(self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None) -> list[Word]:
         """One Whisper pass over float32 16 kHz ``audio`` (blocking: call it from a worker thread).
-        ``beam_size``: default ``stt.beam_size`` (the final's)."""
+        ``beam_size``: default ``stt.beam_size`` (the final's). A fitted window's pass is checked for its known
+        faults (module docstring): one that ran on is decoded again with the whole window; words over quiet
+        audio after the speech, and a second copy of the whole text, are dropped."""
         if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
             return []
+        audio_s = len(audio) / SPEECH_RATE
         with self._lock:
-            window = self.window_s(len(audio), prompted=bool(prompt or self.hotwords))
+            window = self.window_s(len(audio), prompted=bool(prompt))
             words = self._decode(audio, window, prompt, beam_size, self.hotwords)
-            if window < WHISPER_WINDOW_S and _piled_up(words):
-                log.debug("fitted window piled words up: whole window", extra={"text": _join(words)})
-                words = self._decode(audio, WHISPER_WINDOW_S, prompt, beam_size, self.hotwords)
-            if self.hotwords and _ran_on(words, len(audio) / SPEECH_RATE):
+            if window < WHISPER_WINDOW_S and _ran_on(words, audio_s):
+                log.debug("fitted window ran on: whole window", extra={"text": _join(words)})
+                window = WHISPER_WINDOW_S
+                words = self._decode(audio, window, prompt, beam_size, self.hotwords)
+            if self.hotwords and _ran_on(words, audio_s):
                 log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": _join(words)})
                 words = self._decode(audio, window, prompt, beam_size, None)
-            elif self.hotwords:
-                words = _drop_unheard_tail(words, audio)
+            if window < WHISPER_WINDOW_S or self.hotwords or prompt:
+                words = _once(_drop_unheard_tail(words, audio))
             self.passes += 1
-            self.decoded_s += len(audio) / SPEECH_RATE
+            self.decoded_s += audio_s
         return words
 
     def _decode(
@@ -256,13 +272,17 @@ class SpeechToText:
         return words
 
     def window_s(self, samples: int, prompted: bool = False) -> int:
-        """Whisper's window for ``samples`` of audio: Whisper's 30 s for a prompted pass (see the module
-        docstring), else stt.window_s, or (0) the audio's length rounded up with at least WINDOW_MARGIN_S to
-        spare, never under MIN_WINDOW_S nor over Whisper's 30 s."""
-        if prompted:
-            return WHISPER_WINDOW_S
+        """Whisper's window for ``samples`` of audio: stt.window_s, or (0, the default) the audio's length rounded
+        up with at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s. Two kinds
+        of pass keep Whisper's 30 s: one with hotwords, whose hint weakens with the window ("Turn on the Hue
+        Bloom" heard as "cube, Bloom" at 10 and 15 s, right at 20 and 30); and one without a prompt over less
+        than SHORT_AUDIO_S, where the fitted window errs most (140 one- and two-word replies in 14 voices: WER
+        .298 fitted, .244 whole; "Amber number." for "Amber"). With the pause prompt it was the other way round
+        (.286 fitted, .315 whole), so the pass at a pause is fitted whatever its length."""
         if self.settings.window_s:
             return self.settings.window_s
+        if self.hotwords or not prompted and samples < SHORT_AUDIO_S * SPEECH_RATE:
+            return WHISPER_WINDOW_S
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / SPEECH_RATE + WINDOW_MARGIN_S)))
 
     @staticmethod
