@@ -26,7 +26,7 @@ import logging
 import math
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -231,7 +231,7 @@ class RemoteConversation(ChatHistory):
             del messages[first : first + (2 if len(messages) - first > 2 else 1)]
         return messages
 
-    async def warm(self, user_start: str = "") -> int:
+    async def warm(self, user_start: str = "", yield_to: Callable[[], Awaitable[None]] | None = None) -> int:
         """Nothing to prefill here: the server keeps its own prefix cache (vLLM: --enable-prefix-caching)."""
         return 0
 

@@ -9,7 +9,7 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
-from voice.hearing.stt import SpeechToText, Word, _drop_unheard_tail, _once, _piled_up, _ran_on
+from voice.hearing.stt import SpeechToText, Word, _cut_pile, _drop_unheard_tail, _once, _piled_up, _ran_on
 from voice.models import ModelError, resolve
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
@@ -169,6 +169,12 @@ def test_a_fitted_pass_s_faults_are_caught():
     said = [Word(" octopuses.", 1.42, 2.10)]
     run_on = said + [Word(w, 2.10, 2.10) for w in (" Thanks", " for", " watching,", " see", " you")]
     assert _ran_on(run_on, 2.3) and not _ran_on(said * 3, 2.3) and not _piled_up(run_on[:2])
+    assert _cut_pile(run_on) == said and _cut_pile(said) == said
+    blue = [Word(" sky", 1.08, 1.34), Word(" blue?", 1.34, 2.0), Word(" Thank", 2.0, 2.0), Word(" you", 2.0, 2.0)]
+    assert _cut_pile(blue + [Word(" next", 2.0, 2.0)]) == blue[:2]  # the last spoken word may run into the pile
+    france = [Word(" What", 0.0, 0.54), Word(" of", 1.22, 1.5), Word(" France?", 1.5, 1.78), Word(" Thank", 1.86, 2.2)]
+    piled = france + [Word(w, 2.2, 2.2) for w in (" you", " for", " watching,", " I'll", " see", " you")]
+    assert _cut_pile(piled) == france[:3]  # recorded from a fitted pause pass over piper's question
     assert _ran_on([Word(" door,", 0.1 * i, 0.1 * i + 0.1) for i in (range(20))], 2.0)  # more words than 2 s hold
     twice = [Word(" No...", 0.25, 0.5), Word(" No...", 0.5, 0.7)]
     assert _once(twice) == twice[:1]

@@ -17,7 +17,7 @@ How one reply is decoded is plain data, the same for every engine: ``llm.setting
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -51,7 +51,7 @@ class Chat(Protocol):
     def commit(self, heard_text: str) -> None: ...
     def discard(self) -> None: ...
     def trim_last_reply(self, spoken_text: str) -> None: ...
-    async def warm(self, user_start: str = "") -> int: ...
+    async def warm(self, user_start: str = "", yield_to: Callable[[], Awaitable[None]] | None = None) -> int: ...
 
 
 class ChatEngine(Protocol):

@@ -342,7 +342,7 @@ class Session:
             or (self._warm is not None and not self._warm.done())
         ):
             return
-        self._warm = self.assistant.spawn(self.conversation.warm(committed))
+        self._warm = self.assistant.spawn(self.conversation.warm(committed, self.listener.pause_decided))
 
     def _warm_idle(self) -> None:
         """Prefill (and trim ahead) while nobody waits: at the start, when a reply's last token is out and when a
@@ -359,7 +359,7 @@ class Session:
     async def _warm_passes(self) -> None:
         while self._rewarm and not self._closed:
             self._rewarm = False
-            await self.conversation.warm()
+            await self.conversation.warm(yield_to=self.listener.pause_decided)
 
     def _start_early(self, text: str) -> None:
         """The user paused and the transcript covers all their speech: start the reply now, while the end of the

@@ -385,6 +385,16 @@ class Listener:
         if self.turn is not None:
             self.turn.policy.reset()
 
+    async def pause_decided(self, longest_s: float = 2.0) -> None:
+        """Until the user is not in a pause that may end the turn (at most ``longest_s``): background work (the
+        LLM's warm-up prefill) waits here, so the pause's Whisper pass and Smart Turn, which decide when the
+        reply can start, have the CPU."""
+        deadline = time.monotonic() + longest_s
+        while self._stream is not None and self.vad is not None and self.vad.pause_since is not None:
+            if time.monotonic() > deadline:
+                return
+            await asyncio.sleep(0.02)
+
     async def settle(self) -> None:
         """Wait for the background work (Whisper pass, Smart Turn call); what it decided comes out of the next
         ``accept_chunk``. For lockstep runs (tests): the decisions then depend on the audio only."""

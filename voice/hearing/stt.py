@@ -14,8 +14,9 @@ never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encod
 faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the pass at a pause takes
 about half the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER included). A
 shortened window has three known faults, each checked after the pass: it may run on past the speech ("...
-octopuses. Thanks for watching, see you next time, ...": words piled up at one instant, or more words than the
-audio can hold), and is then decoded again with the whole window; it may write words over the quiet after the
+octopuses. Thanks for watching, see you next time, ..."), words that word timing piles up at one instant after
+the speech, which are cut off (``_cut_pile``), or more words than the audio can hold, and the pass is then
+decoded again with the whole window (``_ran_on``); it may write words over the quiet after the
 speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No... No..."), and
 the copy is dropped (``_once``). The whole window is not safe from the first two either: with the pause pass's
 prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every prompted pass gets
@@ -63,6 +64,7 @@ log = logging.getLogger("specvoice.stt")
 WHISPER_WINDOW_S = 30  # the window Whisper was trained on
 MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
+TOKENS_PER_S = 8  # Whisper writes about 4-5 tokens per second of fast speech: a pass may write this many
 SHORT_AUDIO_S = 2.0  # an unprompted pass over less audio than this gets the whole window (``window_s``)
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
@@ -83,6 +85,7 @@ HALLUCINATIONS = {
     "thank you very much",
     "the end",
 }
+SIGN_OFF = {"thank", "thanks", "bye", "so"}  # how Whisper's run-ons begin ("Thank you for watching, ...")
 _QUIET_RMS = 0.003  # about -50 dBFS
 _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
 _TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is this long
@@ -109,6 +112,23 @@ def _piled_up(words: list[Word], n: int = 3) -> bool:
     speech, "Thanks for watching, ..."), which word timing places at a single point."""
     tail = words[-n:]
     return len(tail) == n and tail[-1].end - tail[0].start < 0.02
+
+
+def _cut_pile(words: list[Word]) -> list[Word]:
+    """The words before a pile-up: a run-on ("France? Thank you for watching, I'll see you in the next video.",
+    9 of 30 pause passes over piper's questions with a fitted window) is placed after the speech, its words all
+    at one instant; what came before it is what was said. Only a sign-off word is taken from before the pile:
+    the last spoken word too may stretch to the end of the audio ("Why is the sky blue?"). Cutting is a
+    fraction of the cost of decoding again."""
+    if not _piled_up(words):
+        return words
+    end, pile_t = len(words), words[-1].end  # the end of the audio, where Whisper puts text it did not hear
+    while end and words[end - 1].end - words[end - 1].start < 0.02:
+        end -= 1
+    if end and words[end - 1].key in SIGN_OFF and words[end - 1].end >= pile_t - 0.05:
+        end -= 1  # the run-on's first word, stretched from the speech into the pile ("Thank", 1.86-2.20 s)
+    log.debug("cut a run-on", extra={"text": _join(words[end:])})
+    return words[:end]
 
 
 def _ran_on(words: list[Word], audio_s: float) -> bool:
@@ -226,19 +246,20 @@ class SpeechToText:
 
     def decode(self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None) -> list[Word]:
         """One Whisper pass over float32 16 kHz ``audio`` (blocking: call it from a worker thread).
-        ``beam_size``: default ``stt.beam_size`` (the final's). A fitted window's pass is checked for its known
-        faults (module docstring): one that ran on is decoded again with the whole window; words over quiet
-        audio after the speech, and a second copy of the whole text, are dropped."""
+        ``beam_size``: default ``stt.beam_size`` (the final's). A pass is checked for its known faults (module
+        docstring): a run-on piled up after the speech is cut off; a fitted pass with more words than its audio
+        holds is decoded again with the whole window; words over quiet audio after the speech, and a second
+        copy of the whole text, are dropped."""
         if len(audio) == 0 or float(np.max(np.abs(audio))) < _SILENT_PEAK:
             return []
         audio_s = len(audio) / SPEECH_RATE
         with self._lock:
             window = self.window_s(len(audio), prompted=bool(prompt))
-            words = self._decode(audio, window, prompt, beam_size, self.hotwords)
+            words = _cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
             if window < WHISPER_WINDOW_S and _ran_on(words, audio_s):
                 log.debug("fitted window ran on: whole window", extra={"text": _join(words)})
                 window = WHISPER_WINDOW_S
-                words = self._decode(audio, window, prompt, beam_size, self.hotwords)
+                words = _cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
             if self.hotwords and _ran_on(words, audio_s):
                 log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": _join(words)})
                 words = self._decode(audio, window, prompt, beam_size, None)
@@ -259,6 +280,7 @@ class SpeechToText:
             temperature=0.0,
             word_timestamps=True,
             condition_on_previous_text=False,
+            max_new_tokens=math.ceil(TOKENS_PER_S * len(audio) / SPEECH_RATE) + 12,  # a run-on stops early
             initial_prompt=prompt or None,
             hotwords=hotwords,
             vad_filter=False,
