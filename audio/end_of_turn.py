@@ -216,6 +216,8 @@ DANGLING_WORDS = frozenset(
         "erm",
     ]
 )
+# Verbs that, followed by "me" and nothing else, still lack what they ask for ("tell me ... how far the moon is").
+WANTS_AN_OBJECT = frozenset(["tell", "show", "give", "remind", "let", "bring", "get", "find", "send"])
 _TRAILING_OFF = ("...", "\u2026", ",", "-", "\u2014", ":", ";")
 # Whisper's initial prompt for the pass whose text goes to verdict(). Unprompted, Whisper "finishes" a
 # fragment with a word it half-hears or invents ("Turn on the" -> "Turn on that.", "Set a timer for it.");
@@ -239,6 +241,8 @@ def transcript_unfinished(text: str) -> bool:
     words = re.findall(r"[a-z']+", stripped.lower())
     if stripped.endswith(("...", "\u2026")) and len(words) == 1:
         return words[0] in DANGLING_WORDS
+    if len(words) >= 2 and words[-1] == "me" and words[-2] in WANTS_AN_OBJECT:
+        return True  # "Can you tell me?": Whisper's question mark, the request's object still to come
     return stripped.endswith(_TRAILING_OFF) or bool(words) and words[-1] in DANGLING_WORDS
 
 

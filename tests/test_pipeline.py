@@ -251,6 +251,27 @@ async def test_early_reply_is_adopted_when_the_pause_was_the_end(patient_assista
     sink.close()
 
 
+async def test_an_adopted_early_reply_is_the_reply_a_turn_without_one_gives(patient_assistant, speech):
+    """The eager end of turn changes when the reply starts, not what it says: the same question, answered once
+    with an early reply adopted and once with early replies off, gets the same words and the same history."""
+    replies = []
+    for early in (True, False):
+        config = patient_assistant.config.model_copy(deep=True)
+        config.dialog.early_reply = early
+        assistant = Assistant(
+            config, patient_assistant.engine, patient_assistant.stt, patient_assistant.tts, patient_assistant.vad_path
+        )
+        rec, sink, session, mic = open_session(assistant, lockstep=True)
+        await mic.play(speech("What is the capital of France?"))
+        await mic.silence(2.0)
+        done = await rec.turn_done()
+        assert session.early_replies["adopted"] == int(early) and bool(done.trace.get("early_reply")) is early
+        replies.append((done.transcript, done.reply, [m for m in session.history if m["role"] != "system"]))
+        await session.close()
+        sink.close()
+    assert replies[0] == replies[1] and replies[0][1].strip()
+
+
 async def test_early_reply_is_dropped_when_the_user_goes_on(patient_assistant, speech):
     rec, sink, session, mic = open_session(patient_assistant, lockstep=True)  # load-independent, as above
     await mic.play(speech("What is the capital of France?"))

@@ -9,7 +9,16 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
-from voice.hearing.stt import SpeechToText, Word, _cut_pile, _drop_unheard_tail, _once, _piled_up, _ran_on
+from voice.hearing.stt import (
+    SpeechToText,
+    Word,
+    _cut_pile,
+    _drop_goodbye,
+    _drop_unheard_tail,
+    _once,
+    _piled_up,
+    _ran_on,
+)
 from voice.models import ModelError, resolve
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
@@ -181,7 +190,14 @@ def test_a_fitted_pass_s_faults_are_caught():
     five = [Word(" Five", 0.3, 0.6), Word(" minutes.", 0.6, 1.0), Word(" 5", 1.0, 1.1), Word(" minutes.", 1.1, 1.2)]
     assert _once(five) == five  # "Five" and "5" are other words: kept
     no_no = [Word(" No,", 0.2, 0.4), Word(" no,", 0.5, 0.7), Word(" no.", 0.8, 1.0)]
-    assert _once(no_no) == no_no  # three times is what the user said
+    assert _once(no_no) == no_no  # not a sentence written twice: what the user said
+    said = (" What", " is", " the", " capital", " of", " France?")
+    asked = [Word(w, 0.3 * i, 0.3 * i + 0.3) for i, w in enumerate(said)]
+    again = [Word(" " + w.text.strip(), w.start + 2, w.end + 2) for w in asked] + [Word(" I'll", 4.0, 4.1)]
+    assert _once(asked + again) == asked  # a run-on that began with a copy of the request
+    assert _once(asked) == asked
+    music = [Word(" Play", 0.1, 0.4), Word(" some", 0.4, 0.6), Word(" music,", 0.6, 1.0), Word(" bye!", 1.0, 1.3)]
+    assert _drop_goodbye(music) == music[:3] and _drop_goodbye(music[:3]) == music[:3]
     audio = np.concatenate([np.full(16000, 0.1, np.float32), np.zeros(8000, np.float32)])  # 1 s loud, 0.5 s quiet
     heard = [Word(" Turn", 0.1, 0.4), Word(" on.", 0.5, 0.9), Word(" Music.", 1.1, 1.4)]
     assert _drop_unheard_tail(heard, audio) == heard[:2]

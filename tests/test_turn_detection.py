@@ -258,9 +258,10 @@ def test_transcript_rule():
     assert transcript_unfinished("What is the weather like in?")  # Whisper's "?" does not finish it
     for text in ("", "Turn the lights on.", "What is the weather like in Paris?", "Call her.", "Switch it off"):
         assert not transcript_unfinished(text), text
+    assert not transcript_unfinished("Call me.") and not transcript_unfinished("Tell me a joke.")
     for text in ("Yes...", "Stop\u2026", "Remember..."):  # a one-word reply, as the pause prompt writes it
         assert not transcript_unfinished(text), text
-    for text in ("The...", "Yes, and...", "Can you tell me...", "Yes,"):
+    for text in ("The...", "Yes, and...", "Can you tell me...", "Yes,", "Can you tell me?", "Show me"):
         assert transcript_unfinished(text), text
     policy = EndOfTurnPolicy(TurnSettings(use_transcript=False))
     policy.observe(1.0, True)

@@ -131,6 +131,14 @@ def _cut_pile(words: list[Word]) -> list[Word]:
     return words[:end]
 
 
+def _drop_goodbye(words: list[Word]) -> list[Word]:
+    """Without a "bye" tacked on after a comma ("Play some music, bye!" for the fragment "Play some music by"):
+    Whisper's sign-off again, and it hides that the words before it trail off."""
+    if len(words) >= 2 and words[-1].key == "bye" and words[-2].text.rstrip().endswith(","):
+        return words[:-1]
+    return words
+
+
 def _ran_on(words: list[Word], audio_s: float) -> bool:
     """A pass wrote more than the audio can hold: words piled up at its end, or more words than anyone says
     in that time (a hinted pass looped on a hint: "garage door, garage door, ...")."""
@@ -155,12 +163,15 @@ def _drop_unheard_tail(words: list[Word], audio: np.ndarray) -> list[Word]:
 
 
 def _once(words: list[Word]) -> list[Word]:
-    """The words without a second copy of themselves: a short window makes Whisper write a short reply twice
-    ("No... No...", "Five minutes. Five minutes.": 24 of 140 one- and two-word replies in 14 voices)."""
-    half = len(words) // 2
-    if half and len(words) % 2 == 0 and [w.key for w in words[:half]] == [w.key for w in words[half:]]:
-        log.debug("dropped a repeat of the whole text", extra={"text": _join(words)})
-        return words[:half]
+    """The words up to a sentence that Whisper wrote twice in a row, once: a short window makes it write a short
+    reply twice ("No... No...", "Five minutes. Five minutes.": 24 of 140 one- and two-word replies in 14
+    voices), and a run-on may start with a copy of the request ("What is the capital of France? What is the
+    capital of France? I'll", seen with one core kept busy); what follows the copy is the run-on."""
+    keys = [w.key for w in words]
+    for n in range(1, len(words) // 2 + 1):
+        if words[n - 1].text.rstrip().endswith((".", "?", "!")) and keys[n : 2 * n] == keys[:n]:
+            log.debug("dropped a repeat of the text", extra={"text": _join(words[n:])})
+            return words[:n]
     return words
 
 
@@ -264,7 +275,7 @@ class SpeechToText:
                 log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": _join(words)})
                 words = self._decode(audio, window, prompt, beam_size, None)
             if window < WHISPER_WINDOW_S or self.hotwords or prompt:
-                words = _once(_drop_unheard_tail(words, audio))
+                words = _once(_drop_goodbye(_drop_unheard_tail(words, audio)))
             self.passes += 1
             self.decoded_s += audio_s
         return words
