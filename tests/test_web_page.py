@@ -339,7 +339,9 @@ async def test_browser_barge_in_silences_the_reply_and_says_how_much_was_heard(a
     assert truncate["content_index"] == 0 and truncate["item_id"].startswith("item_")
     assert 0 < truncate["audio_end_ms"] < 60_000
     assert any(note.startswith("interrupted") for note in state["notes"]), state["notes"]
-    assert len(state["transcripts"]) == 2 and wer("Stop. What is your name?", state["transcripts"][1]) <= 0.5
+    # "Stop." then a pause: the turn may end there and the rest hand it over (one answer to both words, the page
+    # showing the cut turn's transcript too)
+    assert len(state["transcripts"]) in (2, 3) and wer("Stop. What is your name?", state["transcripts"][-1]) <= 0.5
     assert state["console"] == []
     assert state["errors"] == []  # the server honours conversation.item.truncate
 

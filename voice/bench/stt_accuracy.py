@@ -62,8 +62,8 @@ def _pct(values: list[float], q: float) -> float:
     return round(float(np.percentile(values, q)), 3) if values else float("nan")
 
 
-def _text(stt: SpeechToText, audio: np.ndarray) -> str:
-    return "".join(w.text for w in stt.decode(audio.astype(np.float32) / 32768.0)).strip()
+def _text(stt: SpeechToText, audio: np.ndarray, prompt: str | None = None) -> str:
+    return "".join(w.text for w in stt.decode(audio.astype(np.float32) / 32768.0, prompt)).strip()
 
 
 def _corpus_wer(rows: list[dict]) -> float:
@@ -81,11 +81,13 @@ def bench_stt(
     threads: int,
     windows: list[int],
     hotwords: list[str] | None = None,
+    prompt: str | None = None,
 ) -> list[dict]:
     """Every (model, beam, window) on every utterance, interleaved (each utterance goes through all settings in
     turn), so a busy neighbour slows every setting alike and the latency columns compare fairly. ``windows``:
-    stt.window_s values (30: Whisper's padded window; 0: fitted to the audio). ``hotwords``: each setting also
-    with these stt.hotwords (does the hint cost words on speech that has none of them?)."""
+    stt.window_s values (30: Whisper's padded window; 0: fitted to the audio, for a prompted pass). ``hotwords``:
+    each setting also with these stt.hotwords (does the hint cost words on speech that has none of them?).
+    ``prompt``: every pass with this initial prompt (TRANSCRIPT_PROMPT: as the pass at a pause)."""
     hints: list[list[str]] = [[], hotwords] if hotwords else [[]]
     setups = [
         (
@@ -107,7 +109,7 @@ def bench_stt(
     for u in tqdm(utterances, desc="stt", disable=None, leave=False):
         for key, stt in setups:
             t0 = time.perf_counter()
-            text = _text(stt, u.audio)
+            text = _text(stt, u.audio, prompt)
             seconds = time.perf_counter() - t0
             rows[key].append(
                 {
@@ -131,6 +133,7 @@ def bench_stt(
                 "model": model,
                 "beam": beam,
                 "window_s": window,
+                "prompt": prompt,
                 "hotwords": n_hints,
                 "threads": threads,
                 "utterances": len(rs),
@@ -430,6 +433,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=positive, default=STTConfig().threads, help="STT CPU threads")
     parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
     parser.add_argument(
+        "--prompt",
+        choices=("none", "pause"),
+        default="none",
+        help="pause: decode as the pass at a pause does, with its prompt (the only pass a fitted window applies to)",
+    )
+    parser.add_argument(
         "--hotwords",
         default="",
         help="also decode with these stt.hotwords (comma-separated; 'home': the device names and areas of "
@@ -463,7 +472,9 @@ def main(argv: list[str] | None = None) -> int:
         models = [m for m in opts.models.split(",") if m]
         hotwords = home_hotwords() if opts.hotwords == "home" else [h for h in opts.hotwords.split(",") if h.strip()]
         result["hotwords"] = hotwords
-        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, _ints(opts.windows), hotwords)
+        prompt = TRANSCRIPT_PROMPT if opts.prompt == "pause" else None
+        windows = _ints(opts.windows)
+        result["stt"] = bench_stt(models, _ints(opts.beams), utterances, opts.threads, windows, hotwords, prompt)
         print(stt_table(result["stt"]))
     if not opts.skip_turn:
         onnx = resolve("smart-turn-v3.2", "turn").path

@@ -9,10 +9,11 @@ re-decodes only the audio after the trim point, and not at all when the last pas
 
 The window: Whisper pads its input to a 30 s window, and the encoder's cost is that of the window whatever
 the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder's few tokens are the rest).
-``stt.window_s = 0`` (the default) fits the window to the audio, rounded up to whole seconds with a margin and
-never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is fed only that part of
-faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the pass at a pause takes
-about half the time (`python -m voice.bench.stt_accuracy --windows 30,0` measures both, WER included). A
+``stt.window_s = 0`` (the default) fits the window of a prompted pass to the audio, rounded up to whole
+seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is
+fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the
+pass at a pause takes about half the time (`python -m voice.bench.stt_accuracy --windows 30,0 --prompt pause`
+measures both, WER included). A
 shortened window has three known faults, each checked after the pass: it may run on past the speech ("...
 octopuses. Thanks for watching, see you next time, ..."), words that word timing piles up at one instant after
 the speech, which are cut off (``_cut_pile``), or more words than the audio can hold, and the pass is then
@@ -20,7 +21,8 @@ decoded again with the whole window (``_ran_on``); it may write words over the q
 speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No... No..."), and
 the copy is dropped (``_once``). The whole window is not safe from the first two either: with the pause pass's
 prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every prompted pass gets
-the same checks. Passes with hotwords, and plain passes over less than 2 s of audio, keep the whole window
+the same checks. Only passes with a prompt are fitted: plain passes (the partials while the user speaks, a
+final that needs its own pass, a whole-file transcription) and passes with hotwords keep Whisper's window
 (``window_s`` says why).
 
 Why ``final`` does not decode only the audio after
@@ -65,7 +67,6 @@ WHISPER_WINDOW_S = 30  # the window Whisper was trained on
 MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
 TOKENS_PER_S = 8  # Whisper writes about 4-5 tokens per second of fast speech: a pass may write this many
-SHORT_AUDIO_S = 2.0  # an unprompted pass over less audio than this gets the whole window (``window_s``)
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 # What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
 # also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
@@ -306,15 +307,15 @@ class SpeechToText:
 
     def window_s(self, samples: int, prompted: bool = False) -> int:
         """Whisper's window for ``samples`` of audio: stt.window_s, or (0, the default) the audio's length rounded
-        up with at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s. Two kinds
-        of pass keep Whisper's 30 s: one with hotwords, whose hint weakens with the window ("Turn on the Hue
-        Bloom" heard as "cube, Bloom" at 10 and 15 s, right at 20 and 30); and one without a prompt over less
-        than SHORT_AUDIO_S, where the fitted window errs most (140 one- and two-word replies in 14 voices: WER
-        .298 fitted, .244 whole; "Amber number." for "Amber"). With the pause prompt it was the other way round
-        (.286 fitted, .315 whole), so the pass at a pause is fitted whatever its length."""
+        up with at least WINDOW_MARGIN_S to spare, never under MIN_WINDOW_S nor over Whisper's 30 s, for a pass
+        with a prompt (the pass at a pause: WER .101 fitted, .107 whole, on the varied set). A plain pass keeps
+        Whisper's 30 s: fitted it heard worse (.118 against .114; one- and two-word replies .298 against .244;
+        in the test suite "and no can bread" for "Add milk and bread", a spoken reply written twice), and it is
+        not what ends a turn. So does a pass with hotwords, whose hint weakens with the window ("Turn on the Hue
+        Bloom" heard as "cube, Bloom" at 10 and 15 s, right at 20 and 30)."""
         if self.settings.window_s:
             return self.settings.window_s
-        if self.hotwords or not prompted and samples < SHORT_AUDIO_S * SPEECH_RATE:
+        if self.hotwords or not prompted:
             return WHISPER_WINDOW_S
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / SPEECH_RATE + WINDOW_MARGIN_S)))
 
