@@ -1,8 +1,7 @@
 """Which Whisper model and decoding to use, and when a turn is over: measured on the varied-voice sets.
 
 Run: ``python -m voice.bench.stt_accuracy [--models ...] [--beams 1,5] [--skip-stt] [--skip-turn]``; prints
-two tables and writes JSON (default bench-results/stt_accuracy.json). Hold ``flock /tmp/bench.lock`` on a
-shared machine: every figure here is a wall-clock time.
+two tables and writes JSON (default bench-results/stt_accuracy.json). Every figure here is a wall-clock time.
 
 STT: one offline whole-utterance pass per utterance of ``speechset.varied_set()`` (14 voices: espeak accents
 and speeds, piper at three speeds, three with background noise) through ``SpeechToText.decode``, the same
@@ -432,12 +431,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--beams", default="1,5", help="comma-separated beam sizes")
     parser.add_argument("--threads", type=positive, default=STTConfig().threads, help="STT CPU threads")
     parser.add_argument("--windows", default="0", help="stt.window_s values (30: padded; 0: fitted to the audio)")
-    parser.add_argument(
-        "--prompt",
-        choices=("none", "pause"),
-        default="none",
-        help="pause: decode as the pass at a pause does, with its prompt (the only pass a fitted window applies to)",
-    )
+    parser.add_argument("--prompt", choices=("none", "pause"), default="none", help="pause: as the pass at a pause")
     parser.add_argument(
         "--hotwords",
         default="",
@@ -448,11 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--thresholds", default="0.5,0.7,0.9")
     parser.add_argument("--max-silences", default="1000,1500")
     parser.add_argument("--reasks", default="0,300")
-    parser.add_argument(
-        "--no-prompt",
-        action="store_true",
-        help="decode the transcript check without audio.end_of_turn.TRANSCRIPT_PROMPT",
-    )
+    parser.add_argument("--no-prompt", action="store_true", help="end of turn: the pass without TRANSCRIPT_PROMPT")
     parser.add_argument("--min-silence", type=positive, default=200)
     parser.add_argument("--turn-threads", type=positive, default=1, help="Smart Turn onnxruntime threads")
     parser.add_argument("--skip-stt", action="store_true")
