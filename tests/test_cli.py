@@ -150,3 +150,18 @@ def test_config_show_hides_a_credential_secret(tmp_path):
     assert result.returncode == 0 and "hunter2" not in result.stdout and "password" in result.stdout
     shown = specvoice("-c", "small", "config", "show", "--secrets", env={"CREDENTIALS_DIRECTORY": str(tmp_path)})
     assert 'password = "hunter2"' in shown.stdout
+
+
+@pytest.mark.parametrize(
+    "args, named",
+    [
+        (("--prompt", "eager"), "--prompt: invalid choice"),
+        (("--threads", "0"), "--threads: 0 is below 1"),
+    ],
+)
+def test_stt_accuracy_refuses_a_bad_flag_naming_it(args, named):
+    """The STT and end-of-turn benchmark's flags, refused before any model loads."""
+    result = subprocess.run(
+        [sys.executable, "-m", "voice.bench.stt_accuracy", *args], capture_output=True, text=True, cwd=ROOT
+    )
+    assert result.returncode == 2 and named in result.stderr and "Traceback" not in result.stderr, result.stderr

@@ -13,17 +13,16 @@ the audio's length (tiny.en int8 on this 2-core CPU: most of a pass; the decoder
 seconds with a margin and never under MIN_WINDOW_S (shorter windows make Whisper repeat itself): the encoder is
 fed only that part of faster-whisper's padded features, so a 3 s question is encoded as 10 s, not 30, and the
 pass at a pause takes about half the time (`python -m voice.bench.stt_accuracy --windows 30,0 --prompt pause`
-measures both, WER included). A
-shortened window has three known faults, each checked after the pass: it may run on past the speech ("...
-octopuses. Thanks for watching, see you next time, ..."), words that word timing piles up at one instant after
-the speech, which are cut off (``_cut_pile``), or more words than the audio can hold, and the pass is then
-decoded again with the whole window (``_ran_on``); it may write words over the quiet after the
-speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No... No..."), and
-the copy is dropped (``_once``). The whole window is not safe from the first two either: with the pause pass's
-prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every prompted pass gets
-the same checks. Only passes with a prompt are fitted: plain passes (the partials while the user speaks, a
-final that needs its own pass, a whole-file transcription) and passes with hotwords keep Whisper's window
-(``window_s`` says why).
+measures both, WER included). A shortened window has three known faults, each checked after the pass: it may
+run on past the speech ("... octopuses. Thanks for watching, see you next time, ..."), words that word timing
+piles up at one instant after the speech, which are cut off (``_cut_pile``), or more words than the audio can
+hold, and the pass is then decoded again with the whole window (``_ran_on``); it may write words over the quiet
+after the speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No...
+No..."), and the copy is dropped (``_once``). The whole window is not safe from the first two either: with
+the pause pass's prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every
+prompted pass gets the same checks. Only passes with a prompt are fitted: plain passes (the partials while
+the user speaks, a final that needs its own pass, a whole-file transcription) and passes with hotwords keep
+Whisper's window (``window_s`` says why).
 
 Why ``final`` does not decode only the audio after
 the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
@@ -275,7 +274,7 @@ class SpeechToText:
             if self.hotwords and _ran_on(words, audio_s):
                 log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": _join(words)})
                 words = self._decode(audio, window, prompt, beam_size, None)
-            if window < WHISPER_WINDOW_S or self.hotwords or prompt:
+            if prompt or self.hotwords:  # the passes a fitted window or a hint can lead astray
                 words = _once(_drop_goodbye(_drop_unheard_tail(words, audio)))
             self.passes += 1
             self.decoded_s += audio_s
