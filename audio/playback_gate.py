@@ -13,6 +13,7 @@ import numpy as np
 from audio.frames import SPEECH_RATE
 
 _TINY = 1e-12
+FAST_LEARNING_BLOCKS = 50  # a fresh gate learns the echo gain fast for this many blocks (1 s of 20 ms)
 _SILENT_POWER = 1e-8  # mean square of a float signal in [-1, 1): about -80 dBFS; below it a signal is "silent"
 
 
@@ -86,6 +87,7 @@ class PlaybackGate:
         self._ref_hist = np.zeros((frames, bands))
         self._hist_i = 0
         self._gain = np.zeros(bands)  # log10 of the learned echo gain per band; 0 = worst case
+        self._learned = 0  # blocks learned from since the start (or since forget())
         self._noise = NoiseFloor(bands)
         self._prev_heard = np.zeros(block)
         self._prev_ref = np.zeros(block)
@@ -101,6 +103,7 @@ class PlaybackGate:
     def forget(self) -> None:
         """The echo path changed: back to the worst-case echo gain, and no held verdict."""
         self._gain[:] = 0.0
+        self._learned = 0
         self._recent = [False, False, False]
         self._held = 0
 
@@ -143,7 +146,11 @@ class PlaybackGate:
             self._held -= 1
         self.likely = self._held > 0
         if not self.likely:  # learn the echo gain only while the playback explains what we hear
-            step = 0.3  # log10 units: up 2.7 dB, down 0.3 dB per block; settles on the 90 % quantile
+            # log10 units: up 2.7 dB, down 0.3 dB per block, settling on the 90 % quantile; twice that for the
+            # first second, so a fresh gate (the worst case, 0 dB) hears a user early in a reply (at the slow rate
+            # it missed short "stop"s a second in). Faster (three times) let an echo 2 dB below the playback through.
+            step = 0.3 if self._learned >= FAST_LEARNING_BLOCKS else 0.6
+            self._learned += 1
             above = (log_heard - log_env) > self._gain
             moved = self._gain + np.where(above, step * self._quantile, -step * (1 - self._quantile))
             self._gain = np.where(active, np.clip(moved, -8.0, 1.0), self._gain)

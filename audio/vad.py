@@ -182,5 +182,10 @@ class Vad:
 
     def _preroll(self, start_t: float) -> np.ndarray:
         """History from ``preroll_s`` before ``start_t`` up to the end of the current block."""
-        keep = int(round((self._history_end_t - (start_t - self.preroll_s)) * self.rate))
+        return self.since(start_t - self.preroll_s)
+
+    def since(self, t: float) -> np.ndarray:
+        """The samples from time ``t`` up to the end of the last block (as far back as the history goes: about
+        ``preroll_ms + min_speech_ms`` + 0.5 s)."""
+        keep = int(round((self._history_end_t - t) * self.rate))
         return self._history[-keep:].copy() if keep > 0 else np.zeros(0, dtype=np.int16)

@@ -50,6 +50,13 @@ def test_anything_else_is_an_interruption(text):
     assert not is_backchannel(text)
 
 
+def test_an_acknowledgement_said_too_long_is_no_backchannel():
+    """Whisper under the held prompt may write real words as "Mm-hmm."; 1.7 s of voice is not a hum."""
+    assert is_backchannel("Yeah, okay.", 1.2)
+    assert is_backchannel("Mm-hmm.", 0.5)
+    assert not is_backchannel("Mm-hmm.", 1.7)
+
+
 async def test_a_held_sink_keeps_its_queue_and_plays_on_from_the_same_sample():
     sink = WavSink(None, 16000, realtime=True, block_ms=20)
     assert isinstance(sink, HoldableSink)

@@ -259,6 +259,29 @@ def test_gate_mode_lets_a_louder_user_through(playback, user):
     assert starts and all(onset - ONSET_BOUND_S <= t <= end and ok for t, ok in starts)
 
 
+def test_a_fresh_gate_hears_a_user_a_second_into_the_reply(playback, user):
+    """The gate starts from the worst case (the echo as loud as the playback) and learns the room while only our
+    voice is heard: a second in, a user as loud as the echo gets through within 0.3 s (at the old, slow learning
+    rate: a second late)."""
+    n = len(playback)
+    at_s = LEAD_S + 1.0
+    echo = room(playback, 80, 0.3, seed=82)
+    speech = place(user, n, at_s) * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user)
+    mic = to_int16(echo + speech + noise(n, seed=8))
+    onset = acoustic_onset(user, at_s)
+    gate = PlaybackGate(SPEECH_RATE, BLOCK)
+    heard = [
+        i / SPEECH_RATE
+        for i in range(0, n - BLOCK, BLOCK)
+        if gate.update(mic[i : i + BLOCK], playback[i : i + BLOCK], mic[i : i + BLOCK])
+        and playback[max(0, i - 3200) : i].any()
+    ]
+    first = min((t for t in heard if t >= onset - 0.05), default=None)
+    print(f"fresh gate, user at 0 dB from {onset:.2f} s: first heard at {first}")
+    assert first is not None and first - onset <= 0.3, (onset, heard[:10])
+    assert not [t for t in heard if LEAD_S + 0.3 < t < onset - 0.05], "echo alone must not open the gate"
+
+
 # ---- (4) the echo path changes mid-stream ----------------------------------------------------------------------
 
 

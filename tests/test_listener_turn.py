@@ -16,11 +16,12 @@ import logging
 import numpy as np
 import pytest
 
+from audio.end_of_turn import TRANSCRIPT_PROMPT
 from audio.frames import SPEECH_RATE
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted
 from voice.hearing.endpointing import TurnModel
-from voice.hearing.listener import Listener, UtteranceEnded
-from voice.hearing.stt import SpeechToText
+from voice.hearing.listener import HELD_PROMPT, Listener, UtteranceEnded
+from voice.hearing.stt import SpeechToText, StreamingTranscription
 from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
 
@@ -180,4 +181,50 @@ async def test_speech_right_after_the_end_of_a_turn_opens_the_next_one(small_con
     assert heard_as("What time is it?", words_of(ended[0]["text"])), ended
     assert heard_as("Turn on the kitchen lights.", words_of(ended[1]["text"])), ended
     assert sum(isinstance(e, SpeechStarted) for e in events) == 2
+    await listener.close()
+
+
+class ScriptedEchoGate:
+    """Stands in for audio.echo.EchoSuppressor, which is not under test here (tests/test_echo.py tests it): passes
+    the audio through, and says "only our own voice" until ``user_from`` seconds of audio have gone by."""
+
+    delay_samples = 0
+
+    def __init__(self, user_from: float | None) -> None:
+        self.user_from, self.heard_s = user_from, 0.0
+
+    def process(self, samples: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
+        self.heard_s += len(samples) / SPEECH_RATE
+        return samples
+
+    def user_speech_likely(self) -> bool:
+        return self.user_from is not None and self.heard_s >= self.user_from
+
+
+@pytest.mark.parametrize("user_from", [0.9, None])
+async def test_during_a_reply_speech_the_echo_gate_hears_late_still_opens_a_turn(
+    small_config, stt, turn_model, monkeypatch, user_from
+):
+    """The user starts over the reply's echo: the VAD hears speech at once, the echo gate only 0.4 s later. The
+    turn opens then, with the audio since the VAD's start, and Whisper hears the short start in the style of a
+    backchannel (HELD_PROMPT), never in the pause prompt's. A gate that never hears the user opens nothing."""
+    styles = []
+    partial = StreamingTranscription.partial
+
+    async def recording(self, **kwargs):
+        styles.append(kwargs.get("style"))
+        return await partial(self, **kwargs)
+
+    monkeypatch.setattr(StreamingTranscription, "partial", recording)
+    listener = Listener.from_config(small_config, stt, turn_model=turn_model)
+    listener.echo = ScriptedEchoGate(user_from)
+    listener.replying = True
+    events, ended = await play(listener, request("Wait, what about Paris?"))
+    starts = [e for e in events if isinstance(e, SpeechStarted)]
+    if user_from is None:
+        assert starts == [] and ended == [] and styles == []
+    else:
+        assert len(starts) == 1 and 0.4 <= starts[0].t - T0 <= user_from, starts  # from the VAD's start
+        assert len(ended) == 1 and "paris" in words_of(ended[0]["text"]), ended
+        assert styles and styles[0] == HELD_PROMPT and TRANSCRIPT_PROMPT not in styles, styles
     await listener.close()

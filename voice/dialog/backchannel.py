@@ -95,6 +95,7 @@ INTERRUPTIONS: frozenset[str] = frozenset(
     }
 )
 SHORT_S = 0.8  # voiced seconds: "mhm", "yeah okay", a cough; "stop" is as short, but says so
+LONG_S = 1.5  # voiced seconds: "yeah, okay" takes ~1.2; a longer "mm-hmm" is Whisper's guess at real words
 SHORT_WORDS = 1  # Whisper's guess at a short sound may be one word off the list, not a phrase
 PARTIAL_WORDS = 3  # "actually, tell me about ..." stops the reply before its end of turn; "and may" waits
 _LONGEST = max(len(p.split()) for p in BACKCHANNELS)
@@ -103,11 +104,12 @@ _WORD = re.compile(r"[a-z]+")
 
 
 def is_backchannel(text: str, voiced_s: float | None = None) -> bool:
-    """True when ``text`` is only acknowledgements and sounds ("Mm-hmm.", "Yeah, okay.", "(coughs)", ""), or
-    when ``voiced_s`` (the speech's length, if known) is short and its one word does not ask to stop."""
+    """True when ``text`` is only acknowledgements and sounds ("Mm-hmm.", "Yeah, okay.", "(coughs)", "") said in
+    at most ``LONG_S``, or when ``voiced_s`` (the speech's length, if known) is short and its one word does not
+    ask to stop."""
     words = _words(text)
     if _acknowledgements_only(words):
-        return True
+        return voiced_s is None or voiced_s <= LONG_S
     return (
         voiced_s is not None
         and voiced_s <= SHORT_S

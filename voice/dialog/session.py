@@ -227,9 +227,9 @@ class Session:
                 await self._barge_in()
             self._prefill(event.committed)
         elif isinstance(event, PauseHeard):
-            if self._hold is not None and not self._hold.before:
-                pause = self.listener.vad.pause_since if self.listener.vad is not None else None
-                if self._judge(event.text, None if pause is None else pause - self._hold.start_t):
+            pause = self.listener.vad.pause_since if self.listener.vad is not None else None
+            if self._hold is not None and not self._hold.before and pause is not None:  # not if already going on
+                if self._judge(event.text, pause - self._hold.start_t):
                     self.listener.clear()  # the "mhm" is not a question to answer
                     self._resume(event.text)
                     return True

@@ -50,8 +50,17 @@ ARRIVALS_KEPT = 4096  # unstamped chunks remembered for arrival(): minutes of 20
 log = logging.getLogger("specvoice.listener")
 
 WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many seconds opens a turn
+# During a reply, speech the echo gate put down to our own voice opens a turn once the gate hears the user in it
+# (their voice began over our echo, or the gate was still learning the room), with up to this much audio before.
+LATE_START_S = 0.6
 PAUSE_PASS_S = 0.12  # silence inside speech after which a partial pass starts at once (a possible end of turn)
 SAFETY_SILENCE_MS = 500  # semantic end: the VAD still ends a turn this long after turn.max_silence_ms, as a backstop
+# Whisper's prompt while the assistant speaks, when the user mostly says "mhm", "yeah" or laughs. Under the pause
+# prompt Whisper wrote a hum as that prompt's words ("Add eggs and...", "Open..."). No stop words: with "Stop.
+# Wait." in it, a laugh came out as "Stop, stop, stop.". Only for a short stretch (pre-roll and pause included):
+# longer speech is no hum, and in this style "No, I meant the other one" came out as "Mm-hmm.".
+HELD_PROMPT = "Mm-hmm. Yeah. Okay. Uh-huh. I see. Ha ha."
+HELD_PROMPT_MAX_S = 1.5
 _LOAD = object()  # from_config: load the turn model named by the config
 
 
@@ -137,6 +146,7 @@ class Listener:
         self._end_t = 0.0  # audio time of the end of the last chunk
         self._pass_s = 0.0  # wall time the last pass took (passes back off on a slow CPU)
         self._paused_heard = False  # a PauseHeard went out for the current pause
+        self._echo_since: float | None = None  # start of the speech the echo gate put down to our voice
         self._last_partial = ""
 
     @classmethod
@@ -298,9 +308,19 @@ class Listener:
                     self._open(event.t, event.audio if event.audio is not None else np.zeros(0, np.int16))
                     events.append(SpeechStarted(event.t))
                     started = True
+                elif self.replying:
+                    self._echo_since = event.t  # put down to our own voice, for now
             elif self._stream is not None:  # the VAD rule (with the semantic end: its backstop)
                 decided = event.decided_t if event.decided_t is not None else chunk.end_t
                 events.append(self._close(event.t, decided, reason="vad_silence"))
+        if not (self.replying and self.vad.speaking):
+            self._echo_since = None
+        elif self._echo_since is not None and self.vad.pause_since is None and self._addressed(None):
+            # the user began over our echo, after the VAD's start: the echo gate hears them only now
+            t, self._echo_since = max(self._echo_since, chunk.end_t - LATE_START_S), None
+            self._open(t, self.vad.since(t))
+            events.append(SpeechStarted(t))
+            started = True
         if self._stream is not None and not started:
             self._add(chunk.samples)
             if self._paused_heard and self.vad.pause_since is None:
@@ -325,12 +345,12 @@ class Listener:
             return [ended]
         return []
 
-    def _addressed(self, event: VadEvent) -> bool:
+    def _addressed(self, event: VadEvent | None) -> bool:
         """Speech opens a turn unless a wake word is required and was not heard, or it is our own voice."""
         if self.replying:
             # during a reply: a barge-in needs no wake word, but the echo gate must agree it is the user
             return self.echo is None or self.echo.user_speech_likely()
-        return self.wake is None or event.t <= self._awake_until
+        return self.wake is None or event is not None and event.t <= self._awake_until
 
     # ---- utterances -----------------------------------------------------------------------------------------
 
@@ -427,11 +447,14 @@ class Listener:
         if now - self._pass_started >= interval or pause is not None and new_pause and now - pause >= PAUSE_PASS_S:
             self._pass_started = now
             self._pass_of = (stream, pause if new_pause else None)
+            if self.replying:
+                style = HELD_PROMPT if stream.duration <= HELD_PROMPT_MAX_S else None
+            else:
+                style = TRANSCRIPT_PROMPT if new_pause and self.turn else None
             if new_pause:
-                style = TRANSCRIPT_PROMPT if self.turn is not None else None
                 work = stream.partial(style=style, final_beam=True, min_new_s=0.0)
             else:
-                work = stream.partial()
+                work = stream.partial(style=style)
             self._pass = start(self._run_pass(work), name="partial pass")
 
     async def _run_pass(self, work: Coroutine[Any, Any, str | None]) -> str | None:
