@@ -50,6 +50,10 @@ from audio.frames import SPEECH_RATE
 from audio.playback_gate import NoiseFloor, PlaybackGate, check_block
 
 Mode = Literal["off", "gate", "cancel"]
+# The VAD's threshold while the gate hears the user over our playback (double talk): the suppressor takes part of
+# their voice away with our echo, most where they sound like our voice, and silero's score on what is left stays
+# near 0.2-0.4 even for a whole sentence. Our echo alone, which the gate explains, never gets the lower threshold.
+DOUBLE_TALK_THRESHOLD = 0.2
 
 _TINY = 1e-12
 _SILENT_POWER = 1e-8  # mean square of a float signal in [-1, 1): about -80 dBFS; below it a signal is "silent"

@@ -134,7 +134,10 @@ class Vad:
         STT decode speculatively during the endpointing wait."""
         return self._silent_since if self.speaking else None
 
-    def process(self, chunk: AudioChunk) -> list[VadEvent]:
+    def process(self, chunk: AudioChunk, threshold: float | None = None) -> list[VadEvent]:
+        """The events this chunk completes. ``threshold``: a lower one for this chunk only, when another detector
+        already hears speech in it (the echo gate during a reply: the echo canceller takes part of the user's
+        voice away with ours, and the score falls)."""
         if chunk.sample_rate != self.rate:
             raise ValueError(f"VAD expects {self.rate} Hz audio (got {chunk.sample_rate}); fix: resample first")
         samples = np.asarray(chunk.samples, dtype=np.int16)
@@ -153,15 +156,17 @@ class Vad:
             t = self._pending_t
             assert t is not None  # anchored above, before any window is scored
             self._pending_t = t + w / self.rate
-            event = self._step(self.model.score(window), t, t + w / self.rate)
+            event = self._step(
+                self.model.score(window), t, t + w / self.rate, self.threshold if threshold is None else threshold
+            )
             if event is not None:
                 events.append(event)
         return events
 
-    def _step(self, score: float, t0: float, t1: float) -> VadEvent | None:
+    def _step(self, score: float, t0: float, t1: float, threshold: float) -> VadEvent | None:
         self.last_score = score
-        voiced = score >= self.threshold
-        silent = score < self.threshold - _HYSTERESIS
+        voiced = score >= threshold
+        silent = score < threshold - _HYSTERESIS
         if not self.speaking:
             if voiced and self._voiced_since is None:
                 self._voiced_since = t0

@@ -92,6 +92,17 @@ def test_a_short_sound_whisper_guessed_at_is_a_backchannel(text):
     assert is_backchannel(text, voiced_s=0.5)
 
 
+@pytest.mark.parametrize("text", ["Yeah. That's", "I see. See you", "Mm-hmm. And"])
+def test_an_acknowledgement_whisper_ran_on_from_is_a_backchannel_when_the_voice_was_short(text):
+    assert is_backchannel(text, voiced_s=0.3)  # no room in 0.3 s of voice for the words after it
+    assert not is_backchannel(text, voiced_s=1.0)  # "yeah, that's ..." said: the user goes on
+
+
+@pytest.mark.parametrize("text", ["Yeah, but no.", "Okay, stop.", "Yeah, tell me more about it."])
+def test_an_acknowledgement_then_a_request_is_an_interruption_however_short(text):
+    assert not is_backchannel(text, voiced_s=0.3)
+
+
 def test_a_short_phrase_off_the_list_is_an_interruption():
     assert not is_backchannel("Sit up.", voiced_s=0.3)  # "Stop, that's enough." with its start gated
 

@@ -13,7 +13,7 @@ import time
 import numpy as np
 import pytest
 
-from audio.echo import EchoCanceller, EchoSuppressor, PlaybackGate
+from audio.echo import DOUBLE_TALK_THRESHOLD, EchoCanceller, EchoSuppressor, PlaybackGate
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.resample import resample
 from audio.vad import Vad
@@ -126,9 +126,13 @@ def vad_starts(samples: np.ndarray, chunk: int = BLOCK, delay_s: float = 0.0) ->
     return starts
 
 
-def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> tuple[np.ndarray, list, EchoSuppressor]:
+def run_suppressor(
+    mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int, double_talk: bool = True
+) -> tuple[np.ndarray, list, EchoSuppressor]:
     """Push the streams in ``chunk``-sample pieces (not the block size, as a network client would); returns the
-    output, the VAD's speech_start events with the gate's opinion at that moment, and the suppressor."""
+    output, the VAD's speech_start events with the gate's opinion at that moment, and the suppressor. As the
+    listener does during a reply, the VAD takes DOUBLE_TALK_THRESHOLD while the gate hears the user
+    (``double_talk=False``: the plain threshold always)."""
     sup = EchoSuppressor(SPEECH_RATE, mode=mode)
     vad = Vad(
         resolve("silero-vad", "vad").path,
@@ -143,7 +147,9 @@ def run_suppressor(mode: str, mic: np.ndarray, ref: np.ndarray, chunk: int) -> t
         out = sup.process(mic[i : i + chunk], ref[i : i + chunk])
         assert len(out) == len(mic[i : i + chunk])
         outs.append(out)
-        for event in vad.process(AudioChunk(out, SPEECH_RATE, i / SPEECH_RATE - sup.delay_samples / SPEECH_RATE)):
+        threshold = DOUBLE_TALK_THRESHOLD if double_talk and sup.user_speech_likely() else None
+        chunk_t = i / SPEECH_RATE - sup.delay_samples / SPEECH_RATE
+        for event in vad.process(AudioChunk(out, SPEECH_RATE, chunk_t), threshold):
             if event.kind == "speech_start":
                 starts.append((event.t, sup.user_speech_likely()))
     return np.concatenate(outs), starts, sup
@@ -224,6 +230,38 @@ def test_cancel_mode_user_talking_over_playback_is_heard(playback, user):
     assert len(alone) == 1 and abs(t - alone[0]) <= ONSET_BOUND_S  # and of the VAD on the user heard alone
     assert likely, "the gate must agree that this speech is not our playback"
     assert sup.canceller.path_changes == 0  # double talk is not mistaken for a changed room
+
+
+@pytest.fixture(scope="module")
+def user_in_our_voice() -> np.ndarray:
+    """A user who sounds like the assistant: the playback's own piper voice, saying something else."""
+    from piper import PiperVoice
+    from piper.config import SynthesisConfig
+
+    voice = PiperVoice.load(str(resolve("piper-joe-medium", "tts").path))
+    fixed = SynthesisConfig(noise_scale=0.0, noise_w_scale=0.0)
+    text = "Actually, tell me about dogs instead."
+    audio = np.concatenate([chunk.audio_int16_array for chunk in voice.synthesize(text, fixed)])
+    return resample(audio, voice.config.sample_rate, SPEECH_RATE)
+
+
+@pytest.mark.parametrize("double_talk", [True, False])
+def test_a_user_early_in_the_reply_is_heard_with_the_gates_word(playback, user_in_our_voice, double_talk):
+    """A second into the reply the canceller has not converged, and its suppressor, assuming the worst, takes most
+    of a user who sounds like our voice away with the echo: silero alone hears them a second late. With the gate's
+    word (energy the playback cannot explain), the VAD's lower double-talk threshold hears them from the start."""
+    n = len(playback)
+    at_s = LEAD_S + 1.0
+    echo = room(playback, 60, 0.3, seed=60)
+    speech = place(user_in_our_voice, n, at_s) * 2 * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user_in_our_voice)
+    mic = to_int16(echo + speech + noise(n, seed=9))  # the user 6 dB above the echo
+    onset = acoustic_onset(user_in_our_voice, at_s)
+    _, starts, _ = run_suppressor("cancel", mic, playback, chunk=320, double_talk=double_talk)
+    print(f"early same-voice double talk, double_talk={double_talk}: onset {onset:.3f} s, VAD {starts}")
+    if double_talk:
+        assert len(starts) == 1 and abs(starts[0][0] - onset) <= ONSET_BOUND_S and starts[0][1], starts
+    else:
+        assert not [t for t, _ in starts if abs(t - onset) <= ONSET_BOUND_S], "silero alone hears it: no test"
 
 
 # ---- (3) gate mode alone --------------------------------------------------------------------------------------

@@ -1,14 +1,15 @@
 """`specvoice bench backchannel`: does "mhm" leave the reply playing, and does "stop" stop it?
 
-Each trial: a session speaks a long announcement (``Session.say``: no LLM, so every trial hears the same reply)
-into a real-time WAV sink; once ``--after`` seconds of it have played, a clip is played into the microphone side,
-mixed over the reply's own echo (the played audio, delayed and attenuated, as a room returns it; the exact
-played signal goes to the echo canceller as its reference), followed by silence. The session's verdict is read
-from its counters: ``resumed`` (a backchannel: the reply goes on) or ``interrupted`` (a barge-in). Clips:
-acknowledgements and a laugh in piper and espeak-ng voices, a synthetic cough (a shaped noise burst), and real
-interruptions ("stop", "wait", "no, I meant ..."). Reported per clip kind: the share decided right, and the time
-from the end of the clip to the verdict (how long the reply is quiet for a backchannel). Prints a table and
-writes JSON (default bench-results/backchannel.json).
+Each trial: a session speaks a long announcement (``Session.say``: no LLM, so every trial hears the same reply) into
+a real-time WAV sink; the microphone side hears the reply's own echo from its start (so the echo canceller, the gate
+and the VAD are as warm as a real device's), and once ``--after`` seconds of it have played, a clip is played into
+it, mixed over that echo (the played audio, delayed and attenuated, as a room returns it; the exact played signal
+goes to the echo canceller as its reference), followed by silence. The session's verdict is read from its counters:
+``resumed`` (a backchannel: the reply goes on) or ``interrupted`` (a barge-in). Clips: acknowledgements and a laugh
+in piper and espeak-ng voices, a synthetic cough (a shaped noise burst), and real interruptions ("stop", "wait",
+"no, I meant ..."). Reported per clip kind: the share decided right, and the time from the end of the clip to the
+verdict (how long the reply is quiet for a backchannel). Prints a table and writes JSON
+(default bench-results/backchannel.json).
 """
 
 from __future__ import annotations
@@ -83,21 +84,24 @@ async def trial(
     session = assistant.session(lambda event: None, sink=sink)
     loop = asyncio.get_running_loop()
     speaking = tasks.start(session.say(ANNOUNCEMENT), name="announcement")
-    while sink.played_samples < after_s * sink.sample_rate and not speaking.done():
-        await asyncio.sleep(0.02)
     delay = int(ECHO_DELAY_S * SPEECH_RATE)
     echo_tail = np.zeros(delay, np.int16)
-    t = start = loop.time()
+    t = loop.time()
     silence = int(timeout_s * SPEECH_RATE) + (-len(clip["audio"])) % BLOCK  # whole blocks
     audio = np.concatenate([clip["audio"], np.zeros(silence, np.int16)])
-    clip_end = start + len(clip["audio"]) / SPEECH_RATE
-    verdict, decided_t = None, None
-    for i in range(0, len(audio), BLOCK):
+    clip_start: float | None = None  # the microphone hears the echo from the start; the clip once after_s played
+    i, verdict, decided_t = 0, None, None
+    while i < len(audio):
         played = sink.played_reference(t, t + BLOCK / SPEECH_RATE)  # what the speaker plays in this block
         reference = resample(played, sink.sample_rate, SPEECH_RATE)[:BLOCK]
         reference = np.pad(reference, (0, BLOCK - len(reference)))
         echo_tail = np.concatenate([echo_tail, reference])
-        mic = audio[i : i + BLOCK].astype(np.float32) + echo_tail[:BLOCK] * echo_gain
+        if clip_start is None and (sink.played_samples >= after_s * sink.sample_rate or speaking.done()):
+            clip_start = t
+        user = np.zeros(BLOCK, np.float32)
+        if clip_start is not None:
+            user, i = audio[i : i + BLOCK].astype(np.float32), i + BLOCK
+        mic = user + echo_tail[:BLOCK] * echo_gain
         echo_tail = echo_tail[BLOCK:]
         await session.push_audio(np.clip(mic, -32768, 32767).astype(np.int16), t, reference=reference)
         t += BLOCK / SPEECH_RATE
@@ -106,9 +110,10 @@ async def trial(
             verdict = "backchannel" if counts["resumed"] else "interruption"
             decided_t = loop.time()
             break
-        if speaking.done() and t > clip_end + 1.0:
+        if clip_start is not None and speaking.done() and t > clip_start + len(clip["audio"]) / SPEECH_RATE + 1.0:
             break  # the reply ended and no hold was ever started or decided
         await asyncio.sleep(max(0.0, t - loop.time()))
+    clip_end = (clip_start if clip_start is not None else t) + len(clip["audio"]) / SPEECH_RATE
     await session.close()
     await tasks.cancel_and_wait(speaking)
     sink.close()
@@ -119,7 +124,10 @@ async def trial(
         "held": session.backchannels["held"],
         "verdict": verdict,
         "heard": [{"text": w, "voiced_s": v and round(v, 2), "backchannel": b} for w, v, b in session.held_words],
-        "right": verdict == clip["kind"] if clip["kind"] == "interruption" else verdict != "interruption",
+        # a verdict before the clip began came from our own echo: wrong whatever it was
+        "right": clip_start is not None
+        and (decided_t is None or decided_t >= clip_start)
+        and (verdict == clip["kind"] if clip["kind"] == "interruption" else verdict != "interruption"),
         "decided_after_clip_ms": None if decided_t is None else round((decided_t - clip_end) * 1000),
     }
 

@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from audio.echo import DOUBLE_TALK_THRESHOLD
 from audio.end_of_turn import TRANSCRIPT_PROMPT, TurnAction, transcript_unfinished
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad, VadEvent
@@ -55,10 +56,9 @@ WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many sec
 LATE_START_S = 0.6
 PAUSE_PASS_S = 0.12  # silence inside speech after which a partial pass starts at once (a possible end of turn)
 SAFETY_SILENCE_MS = 500  # semantic end: the VAD still ends a turn this long after turn.max_silence_ms, as a backstop
-# Whisper's prompt while the assistant speaks, when the user mostly says "mhm", "yeah" or laughs. Under the pause
-# prompt Whisper wrote a hum as that prompt's words ("Add eggs and...", "Open..."). No stop words: with "Stop.
-# Wait." in it, a laugh came out as "Stop, stop, stop.". Only for a short stretch (pre-roll and pause included):
-# longer speech is no hum, and in this style "No, I meant the other one" came out as "Mm-hmm.".
+# Whisper's prompt for short speech during a reply, mostly "mhm", "yeah" or a laugh (under the pause prompt a hum
+# came out as "Add eggs and..."). No stop words: with "Stop. Wait." a laugh was "Stop, stop, stop.". Not longer
+# speech (pre-roll and pause included): in this style "No, I meant the other one" came out as "Mm-hmm.".
 HELD_PROMPT = "Mm-hmm. Yeah. Okay. Uh-huh. I see. Ha ha."
 HELD_PROMPT_MAX_S = 1.5
 _LOAD = object()  # from_config: load the turn model named by the config
@@ -296,7 +296,8 @@ class Listener:
         woke = self.wake is not None and self.wake.process(chunk)
         if woke:
             self._awake_until = chunk.end_t + WAKE_WINDOW_S
-        vad_events = self.vad.process(chunk)
+        double_talk = self.replying and self.echo is not None and self.echo.user_speech_likely()
+        vad_events = self.vad.process(chunk, min(DOUBLE_TALK_THRESHOLD, self.vad.threshold) if double_talk else None)
         if woke and self.vad.speaking and self._stream is None and not vad_events:
             # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
             vad_events = [VadEvent("speech_start", chunk.end_t, np.zeros(0, np.int16), decided_t=chunk.end_t)]
