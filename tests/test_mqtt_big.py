@@ -7,17 +7,24 @@ import asyncio
 import contextlib
 import json
 
+import numpy as np
 import pytest
 
+from audio.frames import SPEECH_RATE
+from audio.resample import resample
 from voice.assistant import Assistant
 from voice.config import load_config
+from voice.config_servers import HomeDeviceConfig
+from voice.events import ActionRequested, TurnDone
 from voice.transports.mqtt.bridge import MqttBridge
 
 from broker import Broker, Home
+from test_pipeline import Mic, Recorder
 
 pytestmark = pytest.mark.big
 
 LIGHT, LOCK = "home/kitchen/light/set", "home/front_door/lock/set"
+HALL = "home/hallway/light/set"
 
 
 @pytest.fixture(scope="module")
@@ -74,4 +81,57 @@ async def test_qwen_switches_the_light_and_cannot_reach_the_lock(assistant, conf
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-        await assistant.close()
+
+
+async def test_an_eager_reply_the_user_talks_past_publishes_nothing(assistant, config, broker):
+    """The eager end of turn on a command. "Turn on the kitchen light." and a pause: a reply is generated on it in
+    full, its command included, while the end of the turn is still open; then the user goes on. Nothing of that
+    guess reaches MQTT or the events; the one turn, on all of the words, publishes each of its commands once, at
+    its end. In lockstep (Whisper, Smart Turn and the guess finish before the audio goes on): load-independent."""
+    patient = config.model_copy(deep=True)
+    patient.mqtt.devices = [
+        HomeDeviceConfig(name="kitchen light", topic=LIGHT, payloads=["ON", "OFF"], area="kitchen"),
+        HomeDeviceConfig(name="hallway light", topic=HALL, payloads=["ON", "OFF"], area="hallway"),
+    ]
+    patient.turn.threshold = 0.999  # every pause sounds unfinished: the turn waits turn.max_silence_ms
+    patient.turn.max_silence_ms = patient.vad.end_silence_ms = 1500
+    home_assistant = Assistant(patient, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+
+    def say(text: str) -> np.ndarray:
+        return resample(np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, SPEECH_RATE)
+
+    bridge = MqttBridge(patient, home_assistant)
+    task = asyncio.create_task(bridge.run())
+    try:
+        async with asyncio.timeout(30):
+            await bridge.connected.wait()
+        async with Home(broker, ("home/#",)) as home:
+            mark, rec = home.mark(), Recorder()
+            session = home_assistant.session(rec)
+            mic = Mic(session, lockstep=True)
+            await mic.play(say("Turn on the kitchen light."))
+            for _ in range(13):
+                await mic.silence(0.1)
+                if session.early_reply is not None:
+                    break
+            assert session.early_reply is not None, "no reply started on the pause"
+            guess = await session.early_reply.generated()
+            assert "[ACTION" in guess, guess  # the guess holds a command: what must not leak
+            await asyncio.sleep(1.0)  # a leaked publish would land by now
+            assert home.received("home/#", mark) == [] and not rec.of(ActionRequested), "the guess acted"
+            await mic.play(say("And the hallway light too."))
+            await mic.silence(2.0)
+            done = await rec.turn_done(timeout=300)
+            await asyncio.sleep(1.0)
+            assert done is not None and len(rec.of(TurnDone)) == 1
+            assert session.early_replies["started"] == 2 and session.early_replies["adopted"] == 1
+            asked = [(a.topic, a.payload) for a in rec.of(ActionRequested) if a.allowed]
+            published = [(m.topic.value, m.payload.decode()) for m in home.received("home/#", mark)]
+            print("eager guess:", guess, "| turn:", done.transcript, "->", done.reply, asked, published)
+            assert published == asked and len(set(published)) == len(published), "each command once, no other"
+            assert (LIGHT, "ON") in published, (done.transcript, done.reply)  # the turn heard the whole request
+            await session.close()
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task

@@ -28,16 +28,7 @@ from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, take_action
 from voice.dialog.home import Home, constrained_commands
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
-from voice.events import (
-    ActionRequested,
-    Event,
-    ReplyAudio,
-    ReplyTextDelta,
-    State,
-    TranscriptFinal,
-    TurnDone,
-    TurnError,
-)
+from voice.events import ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
 from voice.hearing.listener import Utterance
 from voice.latency import LatencyStats, LatencyTrace
 from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
@@ -101,6 +92,7 @@ class EarlyReply:
         self._adopted = False
         self._queue: asyncio.Queue[Emission | Exception | None] = asyncio.Queue()  # ... then None at the end
         self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
+        self._generated: list[str] = []  # the text of every emission so far (``generated``)
         self._task = start(self._generate(), name="early reply")
 
     @property
@@ -115,6 +107,7 @@ class EarlyReply:
             try:
                 async for emission in stream:
                     self._queue.put_nowait(emission)
+                    self._generated.append(emission.text)
                     self._output.set()
             finally:
                 await close_reply(stream)
@@ -132,6 +125,11 @@ class EarlyReply:
         output = start(self._output.wait())
         await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
         output.cancel()
+
+    async def generated(self) -> str:
+        """Until the whole reply is generated; its text so far (a lockstep test lets a guess run to its end)."""
+        await asyncio.wait({self._task})
+        return "".join(self._generated)
 
     async def discard(self) -> None:
         """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
