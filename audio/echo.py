@@ -67,7 +67,10 @@ class EchoCanceller:
     played during the same interval, resampled to ``sample_rate``. The echo must arrive no earlier than the
     reference and at most ``filter_ms`` later (device latency included). Returns the cleaned block, delayed
     by ``delay_samples`` (one block, from the suppressor's overlap-add; none with ``suppress=False``, which
-    returns the linear filter's error, for measurements).
+    returns the linear filter's error, for measurements). ``linear`` is the same block before the residual
+    suppressor, once the filter has converged (``adapted``; before, the suppressed block): what Whisper
+    should hear. The suppressor's per-bin gains, right for a VAD, turn a user's "mhm" heard over our voice
+    into words ("The beach.", "That is him."); the linear output, with our echo some 10-30 dB down, does not.
 
     Diagnostics: ``erle_db``, ``adapted`` (the filter has reached 10 dB once since the start or the last path
     change), ``copies`` (foreground updates), ``path_changes``. Not modelled: a loudspeaker's non-linear
@@ -126,6 +129,8 @@ class EchoCanceller:
         self._s_err = np.zeros(bins)
         self._s_res = np.zeros(bins)
         self._hold = 0.8  # per-block decay of held residual-echo peaks (about 2 dB per block)
+        self._lin_prev = np.zeros(block)
+        self.linear = np.zeros(block, np.int16)  # for speech recognition: see ``process``
 
     @property
     def erle_db(self) -> float:
@@ -197,8 +202,12 @@ class EchoCanceller:
                 self.adapted = True
 
         if not self.suppress:
-            return _to_int16(e_fg)
-        return _to_int16(self._suppress(e_fg, y_fg, r))
+            self.linear = _to_int16(e_fg)
+            return self.linear
+        out = _to_int16(self._suppress(e_fg, y_fg, r))
+        self.linear = _to_int16(self._lin_prev) if self.adapted else out  # the same (previous) block as ``out``
+        self._lin_prev = e_fg
+        return out
 
     def _suppress(self, e: np.ndarray, y: np.ndarray, r: np.ndarray) -> np.ndarray:
         """Per-bin gain on the short-time spectrum of the linear output; returns the previous block."""
@@ -262,7 +271,9 @@ class EchoSuppressor:
     ``mode``: ``cancel`` (the canceller, with the gate as a second opinion), ``gate`` (no cancelling: the
     mic is muted while the playback explains it; half duplex, cheaper), ``off`` (pass through).
     ``reference``: what the speaker played over the same interval, at ``sample_rate``; None means silence.
-    Audio is processed in blocks of ``block`` samples, so the output lags the input by ``delay_samples``
+    After each call, ``linear`` holds the same samples as speech recognition should hear them (the canceller's
+    linear output: ``EchoCanceller``). Audio is processed in blocks of ``block`` samples, so the output lags the
+    input by ``delay_samples``
     (one block of buffering, plus one block of overlap-add in cancel mode): stamp the output
     ``delay_samples / sample_rate`` seconds earlier than the input it came with. Call it for every mic block,
     with or without playback, so the stream and the delay stay continuous.
@@ -280,6 +291,8 @@ class EchoSuppressor:
         self._mic = np.zeros(0, np.int16)
         self._ref = np.zeros(0, np.int16)
         self._out = np.zeros(block if mode != "off" else 0, np.int16)  # primed: the constant buffering delay
+        self._lin = self._out.copy()
+        self.linear = np.zeros(0, np.int16)  # the samples ``process`` returned last, as speech recognition hears them
         self._likely = True
 
     @property
@@ -298,17 +311,21 @@ class EchoSuppressor:
                 f"cover exactly the same interval; fix: pad it with zeros (silence) or trim it"
             )
         if self.mode == "off":
+            self.linear = mic
             return mic
         self._mic = np.concatenate((self._mic, mic))
         self._ref = np.concatenate((self._ref, reference))
-        done = []
+        done, linear = [], []
         B = self.block
         while len(self._mic) >= B:
             m, r = self._mic[:B], self._ref[:B]
             self._mic, self._ref = self._mic[B:], self._ref[B:]
             done.append(self._block(m, r))
+            linear.append(self.canceller.linear if self.canceller is not None else done[-1])
         self._out = np.concatenate([self._out, *done])
+        self._lin = np.concatenate([self._lin, *linear])
         out, self._out = self._out[: len(mic)], self._out[len(mic) :]
+        self.linear, self._lin = self._lin[: len(mic)], self._lin[len(mic) :]
         return out
 
     def _block(self, mic: np.ndarray, ref: np.ndarray) -> np.ndarray:
@@ -322,6 +339,11 @@ class EchoSuppressor:
             return cleaned
         self._likely = self.gate.update(mic, ref, mic)
         return mic if self._likely else np.zeros_like(mic)  # muted: even -80 dBFS speech can wake silero
+
+    def double_talk(self) -> bool:
+        """The user speaks over our playback: the gate hears what the playback cannot explain while it plays
+        (not merely nothing to explain). The VAD may then take ``DOUBLE_TALK_THRESHOLD``."""
+        return self._likely and self.gate is not None and self.gate.playing
 
     def user_speech_likely(self) -> bool:
         """False while everything heard in the last blocks is explained by our own playback; True otherwise

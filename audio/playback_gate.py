@@ -98,6 +98,7 @@ class PlaybackGate:
         self._recent = [False, False, False]
         self._held = 0
         self.likely = True
+        self.playing = False  # something was played within the window: ``likely`` is a verdict, not a default
         self.explained_share = 0.0  # diagnostics: share of the last block's energy the playback explains
 
     def forget(self) -> None:
@@ -126,7 +127,8 @@ class PlaybackGate:
         noise = self._noise.update(heard)
 
         active = envelope > _SILENT_POWER * len(self._window)
-        if not active.any():  # nothing played lately: nothing to explain; when playback resumes, start afresh
+        self.playing = bool(active.any())
+        if not self.playing:  # nothing played lately: nothing to explain; when playback resumes, start afresh
             self._recent = [False, False, False]
             self._held = 0
             self.explained_share = 0.0

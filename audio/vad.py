@@ -134,10 +134,13 @@ class Vad:
         STT decode speculatively during the endpointing wait."""
         return self._silent_since if self.speaking else None
 
-    def process(self, chunk: AudioChunk, threshold: float | None = None) -> list[VadEvent]:
+    def process(
+        self, chunk: AudioChunk, threshold: float | None = None, keep: np.ndarray | None = None
+    ) -> list[VadEvent]:
         """The events this chunk completes. ``threshold``: a lower one for this chunk only, when another detector
         already hears speech in it (the echo gate during a reply: the echo canceller takes part of the user's
-        voice away with ours, and the score falls)."""
+        voice away with ours, and the score falls). ``keep``: what the pre-roll (``since``) gives back for this
+        chunk, if not the samples scored (the echo canceller's linear output, which Whisper hears better)."""
         if chunk.sample_rate != self.rate:
             raise ValueError(f"VAD expects {self.rate} Hz audio (got {chunk.sample_rate}); fix: resample first")
         samples = np.asarray(chunk.samples, dtype=np.int16)
@@ -147,7 +150,8 @@ class Vad:
             # the new chunk's clock, or every later event would drift by the gap
             self._pending_t = chunk.t - len(self._pending) / self.rate
         self._pending = np.concatenate([self._pending, samples])
-        self._history = np.concatenate([self._history, samples])[-self._history_max :]
+        kept = samples if keep is None else np.asarray(keep, dtype=np.int16)
+        self._history = np.concatenate([self._history, kept])[-self._history_max :]
         self._history_end_t = chunk.end_t
         events: list[VadEvent] = []
         w = self.model.window

@@ -147,7 +147,7 @@ def run_suppressor(
         out = sup.process(mic[i : i + chunk], ref[i : i + chunk])
         assert len(out) == len(mic[i : i + chunk])
         outs.append(out)
-        threshold = DOUBLE_TALK_THRESHOLD if double_talk and sup.user_speech_likely() else None
+        threshold = DOUBLE_TALK_THRESHOLD if double_talk and sup.double_talk() else None
         chunk_t = i / SPEECH_RATE - sup.delay_samples / SPEECH_RATE
         for event in vad.process(AudioChunk(out, SPEECH_RATE, chunk_t), threshold):
             if event.kind == "speech_start":
@@ -262,6 +262,44 @@ def test_a_user_early_in_the_reply_is_heard_with_the_gates_word(playback, user_i
         assert len(starts) == 1 and abs(starts[0][0] - onset) <= ONSET_BOUND_S and starts[0][1], starts
     else:
         assert not [t for t, _ in starts if abs(t - onset) <= ONSET_BOUND_S], "silero alone hears it: no test"
+
+
+def test_no_playback_is_no_double_talk(user):
+    """A client that sends no reference (a network session) or a reply not yet audible: the gate has nothing to
+    explain and says "likely" by default, which must not lower the VAD's threshold for the whole reply."""
+    sup = EchoSuppressor(SPEECH_RATE, mode="cancel")
+    speech = user[: len(user) // BLOCK * BLOCK]
+    for i in range(0, len(speech), BLOCK):
+        sup.process(speech[i : i + BLOCK], None)
+        assert sup.user_speech_likely() and not sup.double_talk()
+
+
+def test_whisper_gets_the_linear_output_which_keeps_the_user_whole(playback, user_in_our_voice):
+    """The residual suppressor's per-bin gains are right for the VAD but take pieces out of a user who talks over
+    our voice. What speech recognition gets (``linear``, aligned with the output) is the linear canceller's error
+    once it has converged: the user's words with our echo far below them, not a garbled copy. Before the filter
+    has converged the two are the same samples (the linear error would still hold our voice at full level)."""
+    n = len(playback)
+    echo = room(playback, 60, 0.3, seed=60)
+    speech = place(user_in_our_voice, n, USER_AT_S) * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user_in_our_voice)
+    mic = to_int16(echo + speech + noise(n, seed=9))
+    sup = EchoSuppressor(SPEECH_RATE, mode="cancel")
+    outs, linears, adapted = [], [], []
+    for i in range(0, n, BLOCK):
+        outs.append(sup.process(mic[i : i + BLOCK], playback[i : i + BLOCK]))
+        linears.append(sup.linear)
+        adapted.append(sup.canceller.adapted)
+    out, linear = np.concatenate(outs).astype(np.float64), np.concatenate(linears).astype(np.float64)
+    first = adapted.index(True) * BLOCK
+    assert np.array_equal(out[:first], linear[:first]), "before convergence, the suppressed output"
+    a, b, d = int(USER_AT_S * SPEECH_RATE), int(USER_AT_S * SPEECH_RATE) + len(user_in_our_voice), sup.delay_samples
+    user = speech[a:b]
+
+    def sdr(x: np.ndarray) -> float:  # the user against everything else in the output, dB
+        return float(10 * np.log10(np.sum(user**2) / np.sum((x[a + d : b + d] - user) ** 2)))
+
+    print(f"user over our voice, 0 dB: SDR suppressed {sdr(out):.1f} dB, linear {sdr(linear):.1f} dB")
+    assert sdr(linear) >= 18.0 and sdr(linear) >= sdr(out) + 6.0
 
 
 # ---- (3) gate mode alone --------------------------------------------------------------------------------------

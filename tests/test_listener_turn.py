@@ -195,10 +195,14 @@ class ScriptedEchoGate:
 
     def process(self, samples: np.ndarray, reference: np.ndarray | None) -> np.ndarray:
         self.heard_s += len(samples) / SPEECH_RATE
+        self.linear = samples
         return samples
 
     def user_speech_likely(self) -> bool:
         return self.user_from is not None and self.heard_s >= self.user_from
+
+    def double_talk(self) -> bool:
+        return self.user_speech_likely()
 
 
 @pytest.mark.parametrize("user_from", [0.9, None])

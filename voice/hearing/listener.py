@@ -250,17 +250,18 @@ class Listener:
                 f"shape {samples.shape}); fix: convert with audio.resample first"
             )
         t = self._stamp(len(samples), t)
+        heard = samples  # what Whisper hears; the VAD and the gate hear the echo canceller's cleaned output
         if self.echo is not None:  # always in the path, so its constant buffering delay never jumps
-            samples = self.echo.process(samples, reference)
+            samples, heard = self.echo.process(samples, reference), self.echo.linear
             t -= self.echo.delay_samples / SPEECH_RATE
         chunk = AudioChunk(samples, SPEECH_RATE, t)
         events: list[ListenEvent] = self._collect_pass()
         if self.vad is None:
             if self._stream is None:
                 self._open(t, np.zeros(0, np.int16))
-            self._add(samples)
+            self._add(heard)
         else:
-            events += self._endpointing(chunk)
+            events += self._endpointing(chunk, heard)
         self._end_t = chunk.end_t
         if self._stream is not None and self._stream.duration > self.max_utterance_s:
             events.append(self._close(chunk.end_t, chunk.end_t, cut=True))
@@ -291,13 +292,14 @@ class Listener:
                 return min(t, arrived)
         return t
 
-    def _endpointing(self, chunk: AudioChunk) -> list[ListenEvent]:
+    def _endpointing(self, chunk: AudioChunk, heard: np.ndarray) -> list[ListenEvent]:
         assert self.vad is not None
         woke = self.wake is not None and self.wake.process(chunk)
         if woke:
             self._awake_until = chunk.end_t + WAKE_WINDOW_S
-        double_talk = self.replying and self.echo is not None and self.echo.user_speech_likely()
-        vad_events = self.vad.process(chunk, min(DOUBLE_TALK_THRESHOLD, self.vad.threshold) if double_talk else None)
+        double_talk = self.replying and self.echo is not None and self.echo.double_talk()
+        threshold = min(DOUBLE_TALK_THRESHOLD, self.vad.threshold) if double_talk else None
+        vad_events = self.vad.process(chunk, threshold, keep=heard)
         if woke and self.vad.speaking and self._stream is None and not vad_events:
             # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
             vad_events = [VadEvent("speech_start", chunk.end_t, np.zeros(0, np.int16), decided_t=chunk.end_t)]
@@ -323,7 +325,7 @@ class Listener:
             events.append(SpeechStarted(t))
             started = True
         if self._stream is not None and not started:
-            self._add(chunk.samples)
+            self._add(heard)
             if self._paused_heard and self.vad.pause_since is None:
                 self._paused_heard = False  # the user goes on: the pause transcript was not the whole turn
                 events.append(SpeechResumed())
