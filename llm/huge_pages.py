@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import errno
 import logging
 import time
 from dataclasses import dataclass
@@ -28,6 +29,9 @@ log = logging.getLogger("specvoice.llm")
 
 MADV_HUGEPAGE = 14
 MADV_COLLAPSE = 25
+# MADV_COLLAPSE's EAGAIN is transient (a huge page it could not get at that moment): seen once in a CI run, the
+# same load in isolation then collapsed. So a collapse is tried this many times before it counts as failed.
+COLLAPSE_TRIES = 3
 MIN_MAPPING = 32 << 20  # a weight buffer, not the allocator's small arenas
 _MAPS = Path("/proc/self/maps")
 
@@ -89,12 +93,24 @@ def collapse_new(before: dict[int, int]) -> HugePages:
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     started, done = time.monotonic(), 0
     for start, length in new:
-        if libc.madvise(start, length, MADV_HUGEPAGE) != 0 or libc.madvise(start, length, MADV_COLLAPSE) != 0:
-            errno = ctypes.get_errno()
-            why = f"madvise failed: errno {errno}" + (" (kernel before 6.1, or THP off)" if errno == 22 else "")
+        if (failed := _advise(libc, start, length)) != 0:
+            why = f"madvise failed: errno {failed}" + (" (kernel before 6.1, or THP off)" if failed == 22 else "")
             return HugePages(done, time.monotonic() - started, why)
         done += length
     return HugePages(done, time.monotonic() - started)
+
+
+def _advise(libc: ctypes.CDLL, start: int, length: int) -> int:
+    """Mark a range for huge pages and collapse it now: 0, or the errno of the call that failed."""
+    if libc.madvise(start, length, MADV_HUGEPAGE) != 0:
+        return ctypes.get_errno()
+    failed = 0
+    for _ in range(COLLAPSE_TRIES):
+        if libc.madvise(start, length, MADV_COLLAPSE) == 0:
+            return 0
+        if (failed := ctypes.get_errno()) != errno.EAGAIN:
+            break
+    return failed
 
 
 __all__ = ["HugePages", "anonymous_mappings", "collapse_new", "new_ranges"]
