@@ -274,14 +274,17 @@ def test_no_playback_is_no_double_talk(user):
         assert sup.user_speech_likely() and not sup.double_talk()
 
 
-def test_whisper_gets_the_linear_output_which_keeps_the_user_whole(playback, user_in_our_voice):
+@pytest.mark.parametrize("user_at_s", [LEAD_S + 1.0, USER_AT_S])  # before the filter has converged, and after
+def test_whisper_gets_the_linear_output_which_keeps_the_user_whole(playback, user_in_our_voice, user_at_s):
     """The residual suppressor's per-bin gains are right for the VAD but take pieces out of a user who talks over
-    our voice. What speech recognition gets (``linear``, aligned with the output) is the linear canceller's error
-    once it has converged: the user's words with our echo far below them, not a garbled copy. Before the filter
-    has converged the two are the same samples (the linear error would still hold our voice at full level)."""
+    our voice. What speech recognition gets (``linear``, aligned with the output) is the linear canceller's error:
+    the user's words with our echo below them, not a garbled copy. Before the filter has converged (a second into
+    the reply) the suppressor assumes the echo as loud as our voice and takes the most out of the user; the
+    linear output then still holds part of our echo, but far less of it than the user's voice is missing from
+    the suppressed one."""
     n = len(playback)
     echo = room(playback, 60, 0.3, seed=60)
-    speech = place(user_in_our_voice, n, USER_AT_S) * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user_in_our_voice)
+    speech = place(user_in_our_voice, n, user_at_s) * rms(echo[int(LEAD_S * SPEECH_RATE) :]) / rms(user_in_our_voice)
     mic = to_int16(echo + speech + noise(n, seed=9))
     sup = EchoSuppressor(SPEECH_RATE, mode="cancel")
     outs, linears, adapted = [], [], []
@@ -290,16 +293,17 @@ def test_whisper_gets_the_linear_output_which_keeps_the_user_whole(playback, use
         linears.append(sup.linear)
         adapted.append(sup.canceller.adapted)
     out, linear = np.concatenate(outs).astype(np.float64), np.concatenate(linears).astype(np.float64)
-    first = adapted.index(True) * BLOCK
-    assert np.array_equal(out[:first], linear[:first]), "before convergence, the suppressed output"
-    a, b, d = int(USER_AT_S * SPEECH_RATE), int(USER_AT_S * SPEECH_RATE) + len(user_in_our_voice), sup.delay_samples
+    a, b, d = int(user_at_s * SPEECH_RATE), int(user_at_s * SPEECH_RATE) + len(user_in_our_voice), sup.delay_samples
+    converged = adapted[a // BLOCK]
+    assert converged == (user_at_s == USER_AT_S), "the early user must come before convergence, the late after"
     user = speech[a:b]
 
     def sdr(x: np.ndarray) -> float:  # the user against everything else in the output, dB
         return float(10 * np.log10(np.sum(user**2) / np.sum((x[a + d : b + d] - user) ** 2)))
 
-    print(f"user over our voice, 0 dB: SDR suppressed {sdr(out):.1f} dB, linear {sdr(linear):.1f} dB")
-    assert sdr(linear) >= 18.0 and sdr(linear) >= sdr(out) + 6.0
+    print(f"user over our voice at {user_at_s} s: SDR suppressed {sdr(out):.1f} dB, linear {sdr(linear):.1f} dB")
+    assert sdr(linear) >= sdr(out) + 6.0  # measured: 0.1 -> 8.1 dB before convergence, 9.5 -> 24.8 dB after
+    assert sdr(linear) >= 18.0 or not converged
 
 
 # ---- (3) gate mode alone --------------------------------------------------------------------------------------
