@@ -108,6 +108,36 @@ async def test_a_complete_question_ends_after_a_short_silence_with_its_final_alr
     await listener.close()
 
 
+async def test_a_pass_started_as_the_speech_ends_still_brings_the_pause_its_transcript(small_config, stt, turn_model):
+    """The VAD dates a pause back to the end of the speech, so the pause is known only some blocks after it began.
+    A partial pass the interval starts in between has heard every word, but it was not started as the pause's
+    pass, and no later pass was either: Smart Turn's "complete" waited for a transcript that never came and the
+    turn ended by max_silence (`bench pipeline`: 2 of 24 turns). The pause now gets a pass of its own after it,
+    which has nothing new to decode."""
+    text = "What is the weather like in Paris?"
+    audio = request(text)
+    probe = Listener.from_config(small_config, stt, turn_model=turn_model)
+    delay = probe.echo.delay_samples / SPEECH_RATE if probe.echo is not None else 0.0  # the listener's clock
+    opened = began = known = None
+    for i in range(0, len(audio), BLOCK):
+        for event in await probe.accept_chunk(audio[i : i + BLOCK], T0 + i / SPEECH_RATE):
+            opened = event.t if isinstance(event, SpeechStarted) else opened
+        await probe.settle()
+        if known is None and probe.vad is not None and probe.vad.pause_since is not None:
+            began, known = probe.vad.pause_since, T0 + (i + BLOCK) / SPEECH_RATE - delay
+    await probe.close()
+    assert opened is not None and began is not None and known is not None
+    before = known - BLOCK / SPEECH_RATE  # the end of the block before the pause was known ...
+    assert before >= began, (began, known)  # ... lies in the pause
+    listener = Listener.from_config(small_config, stt, turn_model=turn_model)
+    listener.partial_interval_s = before - opened - 1e-6  # the first interval pass starts then
+    events, ended = await play(listener, audio)
+    assert len(ended) == 1 and ended[0]["reason"] == "complete", ended
+    assert heard_as(text, words_of(ended[0]["text"])) and ended[0]["final_passes"] == 0, ended
+    assert sum(isinstance(e, PauseHeard) for e in events) == 1
+    await listener.close()
+
+
 @pytest.mark.parametrize(
     "first, second, why",
     [

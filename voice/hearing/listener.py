@@ -47,7 +47,6 @@ from voice.ports import SpeechRecognizer, Transcription
 from voice.tasks import start
 
 ARRIVALS_KEPT = 4096  # unstamped chunks remembered for arrival(): minutes of 20-100 ms network appends
-
 log = logging.getLogger("specvoice.listener")
 
 WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many seconds opens a turn
@@ -142,7 +141,7 @@ class Listener:
         self._awake_until = 0.0
         self._pass: asyncio.Task[str | None] | None = None
         self._pass_of: tuple[Transcription | None, float | None] = (None, None)  # its stream and pause
-        self._pass_started = 0.0  # audio time when the last pass started
+        self._pass_started = self._pause_passed = 0.0  # audio times: the last pass's start, the pause it was for
         self._end_t = 0.0  # audio time of the end of the last chunk
         self._pass_s = 0.0  # wall time the last pass took (passes back off on a slow CPU)
         self._paused_heard = False  # a PauseHeard went out for the current pause
@@ -445,16 +444,17 @@ class Listener:
             return
         interval = max(self.partial_interval_s, 2 * self._pass_s)  # at most half the time decoding
         pause = self.vad.pause_since if self.vad is not None else None
-        # the first pass to start in a pause is its pass, even one the interval started: it sees every word
-        new_pause = pause is not None and self._pass_started < pause
-        if now - self._pass_started >= interval or pause is not None and new_pause and now - pause >= PAUSE_PASS_S:
-            self._pass_started = now
-            self._pass_of = (stream, pause if new_pause else None)
+        # the first pass to start in a pause is its pass, even one the interval started; one started before the
+        # pause was known (the VAD dates it back to the speech's end) is not, so another follows (decoding nothing new)
+        new_pause = pause if pause is not None and pause != self._pause_passed else None  # no pass of its own yet
+        if now - self._pass_started >= interval or new_pause is not None and now - new_pause >= PAUSE_PASS_S:
+            self._pass_started, self._pause_passed = now, self._pause_passed if new_pause is None else new_pause
+            self._pass_of = (stream, new_pause)
             if self.replying:
                 style = HELD_PROMPT if stream.duration <= HELD_PROMPT_MAX_S else None
             else:
-                style = TRANSCRIPT_PROMPT if new_pause and self.turn else None
-            if new_pause:
+                style = TRANSCRIPT_PROMPT if new_pause is not None and self.turn else None
+            if new_pause is not None:
                 work = stream.partial(style=style, final_beam=True, min_new_s=0.0)
             else:
                 work = stream.partial(style=style)
