@@ -9,15 +9,17 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
-from voice.hearing.stt import (
-    SpeechToText,
+from voice.hearing.stt import SpeechToText
+from voice.hearing.whisper_faults import (
     Word,
-    _cut_pile,
-    _drop_goodbye,
-    _drop_unheard_tail,
-    _once,
-    _piled_up,
-    _ran_on,
+    cut_pile,
+    drop_goodbye,
+    drop_unheard_tail,
+    hallucinated,
+    once,
+    piled_up,
+    quiet_after,
+    ran_on,
 )
 from voice.models import ModelError, resolve
 
@@ -178,42 +180,54 @@ def test_a_fitted_pass_s_faults_are_caught():
     a short reply written twice keeps one copy; words over the quiet after the speech are dropped."""
     said = [Word(" octopuses.", 1.42, 2.10)]
     run_on = said + [Word(w, 2.10, 2.10) for w in (" Thanks", " for", " watching,", " see", " you")]
-    assert _ran_on(run_on, 2.3) and not _ran_on(said * 3, 2.3) and not _piled_up(run_on[:2])
-    assert _cut_pile(run_on) == said and _cut_pile(said) == said
+    assert ran_on(run_on, 2.3) and not ran_on(said * 3, 2.3) and not piled_up(run_on[:2])
+    assert cut_pile(run_on) == said and cut_pile(said) == said
     blue = [Word(" sky", 1.08, 1.34), Word(" blue?", 1.34, 2.0), Word(" Thank", 2.0, 2.0), Word(" you", 2.0, 2.0)]
-    assert _cut_pile(blue + [Word(" next", 2.0, 2.0)]) == blue[:2]  # the last spoken word may run into the pile
+    assert cut_pile(blue + [Word(" next", 2.0, 2.0)]) == blue[:2]  # the last spoken word may run into the pile
     france = [Word(" What", 0.0, 0.54), Word(" of", 1.22, 1.5), Word(" France?", 1.5, 1.78), Word(" Thank", 1.86, 2.2)]
     piled = france + [Word(w, 2.2, 2.2) for w in (" you", " for", " watching,", " I'll", " see", " you")]
-    assert _cut_pile(piled) == france[:3]  # recorded from a fitted pause pass over piper's question
-    assert _ran_on([Word(" door,", 0.1 * i, 0.1 * i + 0.1) for i in (range(20))], 2.0)  # more words than 2 s hold
+    assert cut_pile(piled) == france[:3]  # recorded from a fitted pause pass over piper's question
+    assert ran_on([Word(" door,", 0.1 * i, 0.1 * i + 0.1) for i in (range(20))], 2.0)  # more words than 2 s hold
     twice = [Word(" No...", 0.25, 0.5), Word(" No...", 0.5, 0.7)]
-    assert _once(twice) == twice[:1]
+    assert once(twice) == twice[:1]
     five = [Word(" Five", 0.3, 0.6), Word(" minutes.", 0.6, 1.0), Word(" 5", 1.0, 1.1), Word(" minutes.", 1.1, 1.2)]
-    assert _once(five) == five  # "Five" and "5" are other words: kept
+    assert once(five) == five  # "Five" and "5" are other words: kept
     no_no = [Word(" No,", 0.2, 0.4), Word(" no,", 0.5, 0.7), Word(" no.", 0.8, 1.0)]
-    assert _once(no_no) == no_no  # not a sentence written twice: what the user said
+    assert once(no_no) == no_no  # not a sentence written twice: what the user said
     said = (" What", " is", " the", " capital", " of", " France?")
     asked = [Word(w, 0.3 * i, 0.3 * i + 0.3) for i, w in enumerate(said)]
     again = [Word(" " + w.text.strip(), w.start + 2, w.end + 2) for w in asked] + [Word(" I'll", 4.0, 4.1)]
-    assert _once(asked + again) == asked  # a run-on that began with a copy of the request
-    assert _once(asked) == asked
+    assert once(asked + again) == asked  # a run-on that began with a copy of the request
+    assert once(asked) == asked
     music = [Word(" Play", 0.1, 0.4), Word(" some", 0.4, 0.6), Word(" music,", 0.6, 1.0), Word(" bye!", 1.0, 1.3)]
-    assert _drop_goodbye(music) == music[:3] and _drop_goodbye(music[:3]) == music[:3]
+    assert drop_goodbye(music) == music[:3] and drop_goodbye(music[:3]) == music[:3]
     audio = np.concatenate([np.full(16000, 0.1, np.float32), np.zeros(8000, np.float32)])  # 1 s loud, 0.5 s quiet
     heard = [Word(" Turn", 0.1, 0.4), Word(" on.", 0.5, 0.9), Word(" Music.", 1.1, 1.4)]
-    assert _drop_unheard_tail(heard, audio) == heard[:2]
+    assert drop_unheard_tail(heard, audio) == heard[:2]
 
 
-async def test_a_prompted_fitted_pass_is_not_continued_past_the_speech(stt):
+async def test_a_prompted_fitted_pass_is_not_continued_past_the_speech(stt, monkeypatch):
     """The pass at a pause carries audio.end_of_turn.TRANSCRIPT_PROMPT, and with that prompt a shortened window
     once ran on after this question ("... octopuses. Thanks for watching, see you next time, ..."); with the
-    checks above the pass ends with the question."""
+    checks above the pass ends with the question. faster-whisper would go on with a second window from the last
+    word's end, over the pause alone, where the sign-off was invented: the pass encodes one window, not two."""
+    encodes = []
+    encode = stt.model.encode
+    monkeypatch.setattr(stt.model, "encode", lambda features: encodes.append(features.shape) or encode(features))
     sentence = "Tell me a fun fact about octopuses."
     audio = np.concatenate([piper(sentence), silence(200)]).astype(np.float32) / 32768.0
     assert stt.window_s(len(audio), prompted=True) == 10
     heard = " ".join(w.text for w in await stt.run_decode(audio, TRANSCRIPT_PROMPT, beam_size=5))
     assert len(normalize_words(heard)) <= len(normalize_words(sentence)) + 1, heard  # no run-on
     assert wer(sentence, heard) <= 0.3, heard  # tiny.en may mishear a word ("the" for "a")
+    assert len(encodes) == 1, encodes
+
+
+def test_quiet_after_the_last_word_allows_for_word_timing_and_hears_any_later_sound():
+    audio = np.concatenate([np.full(16000, 0.1, np.float32), np.zeros(8000, np.float32)])  # 1 s loud, 0.5 s quiet
+    assert quiet_after(audio, 1.0) and not quiet_after(audio, 0.8)  # a word timed 0.2 s early is still sounding
+    audio[20000:20320] = 0.05  # 20 ms of sound 0.25 s into the quiet
+    assert not quiet_after(audio, 1.0) and quiet_after(audio, 1.3)
 
 
 async def test_no_new_audio_gives_no_partial(stt):
@@ -237,10 +251,10 @@ def test_hallucination_filter_keeps_real_thanks():
     quiet = np.zeros(16000, np.float32)
     loud = (0.2 * np.sin(np.arange(16000) / 5)).astype(np.float32)
     seg = FakeSegment(text=" Thanks for watching!", start=0.0, end=1.0, no_speech_prob=0.1)
-    assert SpeechToText._hallucinated(seg, quiet)
-    assert not SpeechToText._hallucinated(seg, loud)  # spoken for real
-    assert SpeechToText._hallucinated(FakeSegment(text="Thank you.", start=0, end=1, no_speech_prob=0.5), loud)
-    assert not SpeechToText._hallucinated(FakeSegment(text="Turn it on.", start=0, end=1, no_speech_prob=0.9), quiet)
+    assert hallucinated(seg, quiet)
+    assert not hallucinated(seg, loud)  # spoken for real
+    assert hallucinated(FakeSegment(text="Thank you.", start=0, end=1, no_speech_prob=0.5), loud)
+    assert not hallucinated(FakeSegment(text="Turn it on.", start=0, end=1, no_speech_prob=0.9), quiet)
 
 
 async def test_long_utterance_is_trimmed_at_sentence_ends_and_stays_whole(stt):
@@ -337,8 +351,8 @@ def test_a_hinted_pass_that_runs_on_is_decoded_again_without_the_hint():
         Word(w, 0.2 + 0.1 * i, 0.3 + 0.1 * i) for i, w in enumerate([" lower", " up,"] + [" garage", " door,"] * 20)
     ]
     said = [Word(w, 0.2 + 0.3 * i, 0.4 + 0.3 * i) for i, w in enumerate([" Lower", " up", " the", " garage", " door."])]
-    assert _ran_on(loop, 2.0) and not _ran_on(said, 2.0)
-    assert _ran_on(said + [Word(" light,", 1.9, 1.9)] * 3, 2.0)  # words with no audio under them
+    assert ran_on(loop, 2.0) and not ran_on(said, 2.0)
+    assert ran_on(said + [Word(" light,", 1.9, 1.9)] * 3, 2.0)  # words with no audio under them
 
 
 def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
@@ -349,5 +363,5 @@ def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
     speech_start, speech_end = voiced_bounds(speech)
     said = [Word(" Turn", speech_start, speech_start + 0.3), Word(" on.", speech_end - 0.25, speech_end)]
     invented = [Word(" Music.", speech_end + 0.3, speech_end + 0.8)]
-    assert _drop_unheard_tail(said + invented, audio) == said
-    assert _drop_unheard_tail(said, audio) == said
+    assert drop_unheard_tail(said + invented, audio) == said
+    assert drop_unheard_tail(said, audio) == said

@@ -15,25 +15,29 @@ fed only that part of faster-whisper's padded features, so a 3 s question is enc
 pass at a pause takes about half the time (`python -m voice.bench.stt_accuracy --windows 30,0 --prompt pause`
 measures both, WER included). A shortened window has three known faults, each checked after the pass: it may
 run on past the speech ("... octopuses. Thanks for watching, see you next time, ..."), words that word timing
-piles up at one instant after the speech, which are cut off (``_cut_pile``), or more words than the audio can
-hold, and the pass is then decoded again with the whole window (``_ran_on``); it may write words over the quiet
-after the speech, which are dropped (``_drop_unheard_tail``); and it may write a short reply twice ("No...
-No..."), and the copy is dropped (``_once``). The whole window is not safe from the first two either: with
+piles up at one instant after the speech, which are cut off (``cut_pile``), or more words than the audio can
+hold, and the pass is then decoded again with the whole window (``ran_on``); it may write words over the quiet
+after the speech, which are dropped (``drop_unheard_tail``); and it may write a short reply twice ("No...
+No..."), and the copy is dropped (``once``). The whole window is not safe from the first two either: with
 the pause pass's prompt it ran on after 3 of 168 varied-voice requests (WER .39 from those alone), so every
 prompted pass gets the same checks. Only passes with a prompt are fitted: plain passes (the partials while
 the user speaks, a final that needs its own pass, a whole-file transcription) and passes with hotwords keep
 Whisper's window (``window_s`` says why).
 
-Why ``final`` does not decode only the audio after
-the committed words: the cut loses the context Whisper needs. What the final must guarantee instead is that
-it never loses what was committed: the committed words are kept verbatim and the last pass only adds what
-follows them. Known Whisper hallucinations on silence ("Thanks for watching!") are dropped.
+One window per pass: with word timing, faster-whisper goes on from the last word's end with a new window, which
+after a request holds only the pause, where Whisper invents a sign-off ("We'll see you in the next video"). A
+pass stops reading segments once nothing but quiet follows the last word (``quiet_after``): the pause pass
+over "Why is the sky blue?" took 0.14 s instead of 0.40 s, which with one core busy had outlasted max_silence.
+
+Why ``final`` does not decode only the audio after the committed words: the cut loses the context Whisper
+needs. What it must guarantee instead is that it never loses what was committed: the committed words are kept
+verbatim and the last pass only adds what follows them. Hallucinations on silence ("Thanks for watching!") go.
 
 Hotwords (``stt.hotwords``; by default the names and areas of ``mqtt.devices``, from voice.config.stt_hotwords):
 faster-whisper puts them in front of every pass's prompt (before the initial prompt, so the pass at a pause gets
 both; they are dropped only when a ``prefix`` is given, which this module never does). tiny.en heard "sprinkler"
 as "spring clerk" and "tv socket" as "TB socket" until told the names. A pass with hotwords gets the whole window;
-one that runs on past its audio is decoded again without them (``_ran_on``), and its last words over quiet
+one that runs on past its audio is decoded again without them (``ran_on``), and its last words over quiet
 audio are dropped (with a prompt Whisper sometimes goes on into the silence after the request: "... to on.
 Music.").
 
@@ -47,17 +51,27 @@ import asyncio
 import functools
 import logging
 import math
-import re
 import threading
 from collections.abc import Sequence
 from concurrent.futures import Executor, ThreadPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
 from audio.frames import SPEECH_RATE
 from voice.config import STTConfig
+from voice.hearing.whisper_faults import (
+    Word,
+    cut_pile,
+    drop_goodbye,
+    drop_unheard_tail,
+    hallucinated,
+    join_words,
+    once,
+    quiet_after,
+    ran_on,
+)
 from voice.models import ModelError, Resolved, hub_error
 
 log = logging.getLogger("specvoice.stt")
@@ -67,112 +81,12 @@ MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats 
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
 TOKENS_PER_S = 8  # Whisper writes about 4-5 tokens per second of fast speech: a pass may write this many
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
-# What Whisper writes on silence or noise (from its YouTube training data). Dropped only when the segment
-# also looks like non-speech (quiet audio or a high no-speech probability), so a user's real "thank you" stays.
-HALLUCINATIONS = {
-    "thank you",
-    "thanks for watching",
-    "thank you for watching",
-    "thank you so much for watching",
-    "please subscribe",
-    "like and subscribe",
-    "you",
-    "bye",
-    "bye bye",
-    "so",
-    "okay",
-    "subtitles by the amara org community",
-    "thank you very much",
-    "the end",
-}
-SIGN_OFF = {"thank", "thanks", "bye", "so"}  # how Whisper's run-ons begin ("Thank you for watching, ...")
-_QUIET_RMS = 0.003  # about -50 dBFS
 _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
 _TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is this long
 _MAX_BUFFER_S = 25.0  # Whisper sees 30 s windows: trim at any committed word beyond this
 _MIN_NEW_S = 0.2  # a partial pass needs at least this much new audio
 _TAIL_RMS = 0.01  # about -40 dBFS: audio after the last pass this quiet needs no re-decode
-_MAX_WORDS_PER_S = 5.0  # fast speech is about 3 words a second: a pass with far more words ran on
 _ALIGN_S = 0.6  # a new pass's copy of the last committed word lies within this of where it was heard
-
-
-@dataclass(frozen=True)
-class Word:
-    text: str  # as Whisper writes it, usually with a leading space
-    start: float  # seconds from the start of the current buffer
-    end: float
-
-    @property
-    def key(self) -> str:
-        return re.sub(r"[^\w']", "", self.text.lower())
-
-
-def _piled_up(words: list[Word], n: int = 3) -> bool:
-    """The last ``n`` words share one instant: Whisper wrote text with no audio under it (a run-on after the
-    speech, "Thanks for watching, ..."), which word timing places at a single point."""
-    tail = words[-n:]
-    return len(tail) == n and tail[-1].end - tail[0].start < 0.02
-
-
-def _cut_pile(words: list[Word]) -> list[Word]:
-    """The words before a pile-up: a run-on ("France? Thank you for watching, I'll see you in the next video.",
-    9 of 30 pause passes over piper's questions with a fitted window) is placed after the speech, its words all
-    at one instant; what came before it is what was said. Only a sign-off word is taken from before the pile:
-    the last spoken word too may stretch to the end of the audio ("Why is the sky blue?"). Cutting is a
-    fraction of the cost of decoding again."""
-    if not _piled_up(words):
-        return words
-    end, pile_t = len(words), words[-1].end  # the end of the audio, where Whisper puts text it did not hear
-    while end and words[end - 1].end - words[end - 1].start < 0.02:
-        end -= 1
-    if end and words[end - 1].key in SIGN_OFF and words[end - 1].end >= pile_t - 0.05:
-        end -= 1  # the run-on's first word, stretched from the speech into the pile ("Thank", 1.86-2.20 s)
-    log.debug("cut a run-on", extra={"text": _join(words[end:])})
-    return words[:end]
-
-
-def _drop_goodbye(words: list[Word]) -> list[Word]:
-    """Without a "bye" tacked on after a comma ("Play some music, bye!" for the fragment "Play some music by"):
-    Whisper's sign-off again, and it hides that the words before it trail off."""
-    if len(words) >= 2 and words[-1].key == "bye" and words[-2].text.rstrip().endswith(","):
-        return words[:-1]
-    return words
-
-
-def _ran_on(words: list[Word], audio_s: float) -> bool:
-    """A pass wrote more than the audio can hold: words piled up at its end, or more words than anyone says
-    in that time (a hinted pass looped on a hint: "garage door, garage door, ...")."""
-    return _piled_up(words) or len(words) > _MAX_WORDS_PER_S * audio_s + 4
-
-
-def _span_rms(audio: np.ndarray, start: float, end: float) -> float:
-    span = audio[int(start * SPEECH_RATE) : max(int(end * SPEECH_RATE), int(start * SPEECH_RATE) + 1)]
-    return float(np.sqrt(np.mean(np.square(span)))) if len(span) else 0.0
-
-
-def _drop_unheard_tail(words: list[Word], audio: np.ndarray) -> list[Word]:
-    """A pass without its last words that lie over quiet audio: with a prompt Whisper sometimes goes on
-    into the silence after the request ("... to on. Music.", "... hallway. Thanks for watching, ..."), words
-    with nothing under them (spoken words measured 0.04-0.2 RMS, quiet is below _QUIET_RMS)."""
-    end = len(words)
-    while end and _span_rms(audio, words[end - 1].start, words[end - 1].end) < _QUIET_RMS:
-        end -= 1
-    if end < len(words):
-        log.debug("dropped words over quiet audio", extra={"text": _join(words[end:])})
-    return words[:end]
-
-
-def _once(words: list[Word]) -> list[Word]:
-    """The words up to a sentence that Whisper wrote twice in a row, once: a short window makes it write a short
-    reply twice ("No... No...", "Five minutes. Five minutes.": 24 of 140 one- and two-word replies in 14
-    voices), and a run-on may start with a copy of the request ("What is the capital of France? What is the
-    capital of France? I'll", seen with one core kept busy); what follows the copy is the run-on."""
-    keys = [w.key for w in words]
-    for n in range(1, len(words) // 2 + 1):
-        if words[n - 1].text.rstrip().endswith((".", "?", "!")) and keys[n : 2 * n] == keys[:n]:
-            log.debug("dropped a repeat of the text", extra={"text": _join(words[n:])})
-            return words[:n]
-    return words
 
 
 def hint_text(phrases: Sequence[str]) -> str | None:
@@ -182,14 +96,6 @@ def hint_text(phrases: Sequence[str]) -> str | None:
     to the end of its context: WER 1.16 on 24 of them); capitalized phrases that end in a full stop did not
     (WER 0.22 on 48, 0.30 without the hint)."""
     return ", ".join(p[:1].upper() + p[1:] for p in phrases) + "." if phrases else None
-
-
-def _norm(text: str) -> str:
-    return " ".join(re.sub(r"[^\w' ]", " ", text.lower()).split())
-
-
-def _join(words: list[Word]) -> str:
-    return "".join(w.text for w in words).strip()
 
 
 @functools.cache
@@ -266,16 +172,16 @@ class SpeechToText:
         audio_s = len(audio) / SPEECH_RATE
         with self._lock:
             window = self.window_s(len(audio), prompted=bool(prompt))
-            words = _cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
-            if window < WHISPER_WINDOW_S and _ran_on(words, audio_s):
-                log.debug("fitted window ran on: whole window", extra={"text": _join(words)})
+            words = cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
+            if window < WHISPER_WINDOW_S and ran_on(words, audio_s):
+                log.debug("fitted window ran on: whole window", extra={"text": join_words(words)})
                 window = WHISPER_WINDOW_S
-                words = _cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
-            if self.hotwords and _ran_on(words, audio_s):
-                log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": _join(words)})
+                words = cut_pile(self._decode(audio, window, prompt, beam_size, self.hotwords))
+            if self.hotwords and ran_on(words, audio_s):
+                log.debug("hinted pass ran on: decoded without the hotwords", extra={"text": join_words(words)})
                 words = self._decode(audio, window, prompt, beam_size, None)
             if prompt or self.hotwords:  # the passes a fitted window or a hint can lead astray
-                words = _once(_drop_goodbye(_drop_unheard_tail(words, audio)))
+                words = once(drop_goodbye(drop_unheard_tail(words, audio)))
             self.passes += 1
             self.decoded_s += audio_s
         return words
@@ -298,10 +204,12 @@ class SpeechToText:
         )
         words: list[Word] = []
         for seg in segments:
-            if self._hallucinated(seg, audio):
+            if hallucinated(seg, audio):
                 log.debug("dropped hallucination", extra={"text": seg.text, "no_speech": seg.no_speech_prob})
                 continue
             words += [Word(w.word, w.start, w.end) for w in seg.words or [] if Word(w.word, 0, 0).key]
+            if words and quiet_after(audio, words[-1].end):
+                break  # faster-whisper's next window would decode the pause alone (module docstring)
         return words
 
     def window_s(self, samples: int, prompted: bool = False) -> int:
@@ -318,12 +226,6 @@ class SpeechToText:
             return WHISPER_WINDOW_S
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / SPEECH_RATE + WINDOW_MARGIN_S)))
 
-    @staticmethod
-    def _hallucinated(seg, audio: np.ndarray) -> bool:
-        if _norm(seg.text) not in HALLUCINATIONS:
-            return False
-        return seg.no_speech_prob >= 0.3 or _span_rms(audio, seg.start, seg.end) < _QUIET_RMS
-
     async def run_decode(
         self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None
     ) -> list[Word]:
@@ -332,7 +234,7 @@ class SpeechToText:
 
     async def transcribe(self, samples: np.ndarray) -> str:
         """Whole-utterance transcription (int16 16 kHz), one pass on the STT worker."""
-        return _join(await self.run_decode(samples.astype(np.float32) / 32768.0))
+        return join_words(await self.run_decode(samples.astype(np.float32) / 32768.0))
 
 
 class StreamingTranscription:
@@ -369,15 +271,15 @@ class StreamingTranscription:
 
     @property
     def committed(self) -> str:
-        return " ".join([*self._done, _join(self._committed)]).strip()
+        return " ".join([*self._done, join_words(self._committed)]).strip()
 
     @property
     def tentative(self) -> str:
-        return _join(self._previous or [])
+        return join_words(self._previous or [])
 
     @property
     def text(self) -> str:
-        return " ".join(p for p in (*self._done, _join(self._committed + (self._previous or []))) if p)
+        return " ".join(p for p in (*self._done, join_words(self._committed + (self._previous or []))) if p)
 
     def text_before(self, t: float) -> str:
         """The words of ``text`` that start before ``t`` seconds after the first sample: what the user said
@@ -385,7 +287,7 @@ class StreamingTranscription:
         silence that follows: "Set a timer for it.")."""
         cut = t - self._offset_s
         words = [w for w in self._committed + (self._previous or []) if w.start < cut]
-        return " ".join(p for p in (*self._done, _join(words)) if p)
+        return " ".join(p for p in (*self._done, join_words(words)) if p)
 
     def _prompt(self, style: str | None = None) -> str | None:
         return " ".join(p for p in (style, " ".join(self._done)[-200:]) if p) or None
@@ -459,7 +361,7 @@ class StreamingTranscription:
         else:
             return
         cut_s = self._committed[cut].end
-        self._done.append(_join(self._committed[: cut + 1]))
+        self._done.append(join_words(self._committed[: cut + 1]))
         shift = lambda ws: [replace(w, start=w.start - cut_s, end=w.end - cut_s) for w in ws]  # noqa: E731
         self._committed = shift(self._committed[cut + 1 :])
         self._previous = shift(self._previous or [])
