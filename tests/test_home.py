@@ -116,6 +116,25 @@ def test_an_action_on_a_device_the_user_did_not_name_is_refused_and_said(tmp_pat
     assert spoken == REFUSED_SPEECH and requests == [(BEDROOM, "OFF", False)]
 
 
+@pytest.mark.parametrize(
+    "heard, raw, allowed",
+    [
+        ("Turn Coffee machine to light. kitchen light", f"[ACTION {KITCHEN} ON]", False),  # tiny.en's "to off"
+        ("This might look garage door closed at our garage.", f"[ACTION {GARAGE} OPEN]", False),
+        ("Lower the garage door.", f"[ACTION {GARAGE} OPEN]", False),
+        ("Lower the garage door.", f"[ACTION {GARAGE} CLOSE]", True),
+        ("deactivate the bedroom lamp", f"[ACTION {BEDROOM} OFF]", True),
+        ("light up the bedroom lamp", f"[ACTION {BEDROOM} ON]", True),
+        ("set the kitchen light to 50%", f"[ACTION {KITCHEN} 50]", True),
+        ("set the kitchen light to 25%", f"[ACTION {KITCHEN} 50]", False),
+    ],
+)
+def test_an_action_goes_out_only_with_a_value_the_words_ask_for(tmp_path, heard, raw, allowed):
+    spoken, requests = reply(load(tmp_path), heard, raw + " Done.")
+    assert requests == [(*raw[len("[ACTION ") : -1].split(" "), allowed)]
+    assert spoken == (" Done." if allowed else REFUSED_SPEECH)
+
+
 def test_a_question_about_state_never_acts(tmp_path):
     home = load(tmp_path)
     spoken, requests = reply(home, "is the garage door open?", f"[ACTION {GARAGE} OPEN] It is open now.")
@@ -286,6 +305,8 @@ def test_the_constrained_format_decodes_only_the_named_devices_commands_after_th
     raw = f"[ACTION {GARAGE} OPEN] Opening it."
     spoken, events, chat = tool_turn(home, "open the garage door", raw, action_format="constrained")
     assert spoken == "Opening it." and actions(events) == [(GARAGE, "OPEN", True)]  # markers, as ever
-    assert chat.constrained == ("[ACTION", [f" {GARAGE} OPEN]", f" {GARAGE} CLOSE]"])
+    assert chat.constrained == ("[ACTION", [f" {GARAGE} OPEN]"])  # the named device's values that were asked for
+    _, _, chat = tool_turn(home, "lower the garage door", f"[ACTION {GARAGE} CLOSE]", action_format="constrained")
+    assert chat.constrained == ("[ACTION", [f" {GARAGE} CLOSE]"])
     _, _, chat = tool_turn(home, "is the garage door open?", "It is open.", action_format="constrained")
     assert chat.constrained == ("[ACTION", [])  # a question: nothing to choose (the parser refuses any marker)

@@ -5,7 +5,8 @@ Why rules in code and not only in the prompt: the embedded model is a small *cod
 Assistant's sentences (``specvoice bench home``) with only a prompt, it switched the device when asked about its
 state ("is the garage door open?") and copied several commands of the list into one reply. So a reply's actions
 are grounded in the user's own words here: one command per device per reply, only for a device the words name
-(its name, or its area plus its kind: "the lights in the kitchen"), and never for a question about state.
+(its name, or its area plus its kind: "the lights in the kitchen"), only with a value the words ask for ("turn
+the coffee machine to light", tiny.en's "off", is not a request for ON), and never for a question about state.
 
 The system prompt (``prompt``) depends on the devices only, never on their state: it is the cached prefix of
 every turn. The state goes into the user's message, and only when the words ask about state (``annotate``).
@@ -32,6 +33,17 @@ _QUESTION_OPENERS = frozenset(
 _STATE_WORDS = frozenset({"status", "state"})
 _TOKEN = re.compile(r"[a-z0-9]+")
 OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
+# The words that ask for a common value, as Home Assistant's sentences say them ("lower the blind", "deactivate the
+# fan", "light up the lamp"); any other value ("50", "heat") is asked for by its own words. All 270 commands of
+# configs/home_cases.json hold one for their value.
+VALUE_WORDS = {
+    "on": frozenset({"on", "activate", "enable", "start", "up"}),
+    "off": frozenset({"off", "deactivate", "disable", "stop"}),
+    "open": frozenset({"open", "raise", "lift", "up"}),
+    "close": frozenset({"close", "closed", "shut", "lower", "down"}),
+    "lock": frozenset({"lock"}),
+    "unlock": frozenset({"unlock"}),
+}
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
 
 
@@ -72,6 +84,12 @@ class HomeDevice:
         if set(words(self.name)) <= heard:
             return True
         return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
+
+
+def asks_for(value: str, heard: set[str]) -> bool:
+    """The words ask for this value of a device: a word of VALUE_WORDS for it, else the value's own words."""
+    cues = VALUE_WORDS.get(value.casefold())
+    return bool(cues & heard) if cues else bool(own := set(words(value))) and own <= heard
 
 
 def asks_state(text: str) -> bool:
@@ -207,7 +225,7 @@ class Home:
 
     def grounding(self, heard: str) -> Callable[[str, str], str | None]:
         """A check for ActionParser: None when the user's words ask for this action, else why not."""
-        question = asks_state(heard)
+        question, heard_words = asks_state(heard), set(words(heard))
         named = {d.topic for d in self.named(heard)}
         by_topic = {d.topic: d for d in self.devices}
 
@@ -218,6 +236,8 @@ class Home:
                 return "the user asked a question, not for a change (a question about state never acts)"
             if topic in by_topic and topic not in named:
                 return f"the user's words do not name the {by_topic[topic].name!r}"
+            if topic in by_topic and not asks_for(payload, heard_words):
+                return f"the user's words do not ask for {payload!r} (heard as {heard!r})"
             return None
 
         return check
@@ -287,10 +307,12 @@ def action_setup(
 
 
 def constrained_commands(allowed: dict[str, list[str]], home: Home | None, text: str) -> dict[str, list[str]]:
-    """What a constrained action may say (mqtt.action_format = "constrained"): every value of each device the
-    words name; none for a state question (the reply is then free, and the parser refuses what comes)."""
+    """What a constrained action may say (mqtt.action_format = "constrained"): each value the words ask for of each
+    device they name; none for a state question (the reply is then free, and the parser refuses what comes)."""
     if home is None:
         return allowed
     if asks_state(text) or not home.grounded:
         return {} if home.grounded else home.allowed
-    return {d.topic: list(d.payloads) for d in home.named(text)}
+    heard = set(words(text))
+    asked = {d.topic: [p for p in d.payloads if asks_for(p, heard)] for d in home.named(text)}
+    return {topic: values for topic, values in asked.items() if values}
