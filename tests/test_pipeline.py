@@ -378,7 +378,9 @@ async def test_barge_in_trims_history_to_what_was_heard(assistant, speech, momen
         assert replies == ([done.reply] if done.reply else []), "the history keeps exactly what was heard"
         assert generated.split()[: len(done.reply.split())] == done.reply.split(), "heard text is a prefix"
         assert len(done.reply) < len(generated.strip()), "the unheard rest is gone"
-    assert sum(isinstance(e, SpeechStarted) for e in rec.events) == 2
+    # the question, then the interruption: one burst, or two when its comma outlasts the VAD's end silence on a
+    # loaded CPU ("Stop," / "wait a moment please.", seen once in a full-suite run; a hold counts each burst)
+    assert sum(isinstance(e, SpeechStarted) for e in rec.events) in (2, 3)
     await mic.silence(1.3)  # the interrupting speech becomes the next turn (max_silence_ms fits)
     await rec.wait_for(
         lambda e: (
