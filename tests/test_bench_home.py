@@ -17,8 +17,10 @@ from voice.app.cli import main as cli
 from voice.events import ActionRequested
 from voice.home_casefile import (
     DEFAULT_CASES,
+    Case,
     CaseFileError,
     Result,
+    answer_for,
     load_cases,
     parse_cases,
     published_actions,
@@ -177,6 +179,21 @@ def test_only_allowed_requests_count_as_published_and_the_reply_must_match_the_d
     assert not lied.consistent
     done = Result("x", {"topic": "t", "payload": "ON"}, "other", [{"topic": "t", "payload": "ON"}], [], "Done.", False)
     assert done.right and done.consistent
+
+
+def test_a_question_back_is_answered_with_the_wanted_value_and_scored_after_the_answer():
+    fan = {"topic": "home/fan/set", "payload": "ON"}
+    asked = Result("fan", fan, "HassTurnOn", [], [fan], " Do you want the fan on or off?", False)
+    assert asked.consistent and not asked.right and not asked.right_after_answer
+    assert answer_for(Case("fan", fan, "HassTurnOn", {}), asked) == "Turn it on, please."
+    fifty = Case("x", {"topic": "t", "payload": "50"}, "HassLightSet", {})
+    assert answer_for(fifty, asked) == "Set it to 50 percent, please."
+    assert answer_for(Case("x", None, "chitchat", {}), asked) is None  # no command wanted: nothing to answer
+    assert answer_for(Case("fan", fan, "HassTurnOn", {}), Result("fan", fan, "x", [], [], "Done.", False)) is None
+    asked.answer, asked.answer_published = "Turn it on, please.", [fan]
+    assert asked.right_after_answer and not asked.right
+    asked.published = [{"topic": "home/fan/set", "payload": "OFF"}]  # a wrong command at once is not mended
+    assert not asked.right_after_answer
 
 
 def test_a_real_run_writes_one_record_per_case_and_publishes_nothing_unallowed(tmp_path):

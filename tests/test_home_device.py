@@ -428,3 +428,20 @@ def test_a_device_not_on_the_list_publishes_nothing_and_says_so(home_device):
     before, reply = ask_aloud(home_device, "Turn on the garage heater.")
     assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
     assert REFUSAL.search(reply["text"].lower()), reply
+
+
+def test_a_device_named_without_a_value_is_asked_back_and_the_spoken_answer_does_it(home_device):
+    """tiny.en can lose the value ("Sprinkler." for "sprinkler on"): the device asks back, publishes nothing until
+    the answer, and the answer alone ("Turn it on.", "Yes, please.") commands the device asked about, once."""
+    before, reply = ask_aloud(home_device, "Kitchen light, please.")
+    assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
+    assert reply["text"].strip() == "Do you want the kitchen light on or off?", reply
+    before, reply = ask_aloud(home_device, "Turn it on.")
+    assert commands(home_device, before) == [("home/kitchen/light/set", "ON")], (reply, home_device.messages()[before:])
+    # heard without a request word, a command may be a question that lost its first word: confirmed first
+    before, reply = ask_aloud(home_device, "Kitchen light off.")
+    assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
+    assert reply["text"].strip() == "Do you want the kitchen light off?", reply
+    before, reply = ask_aloud(home_device, "Yes, please.")
+    published = home_device.messages()[before:]
+    assert commands(home_device, before) == [("home/kitchen/light/set", "OFF")], (reply, published)

@@ -92,6 +92,9 @@ def host_name() -> str:
     return name[:40] or "host"
 
 
+# A named device's payload must hold one of these (after casefold): the grounding's words (voice/dialog/home.py
+# ``words``) are runs of them, and it sends a value only when the user's words ask for it.
+_ASKABLE = re.compile(r"[a-z0-9]")
 _IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)
     "node_id": (
         re.compile(r"[A-Za-z0-9_-]{1,64}"),
@@ -142,11 +145,12 @@ class MQTTConfig(_Section):
         "their state topics are followed to answer questions about state",
     )
     action_format: Literal["markers", "tools", "constrained"] = Field(
-        "markers",
-        description="how the model asks for an action: 'markers' ([ACTION topic payload] in the reply), 'tools' "
-        "(a control_device call through the chat template, Hermes <tool_call> syntax) or 'constrained' (markers, "
-        "and after '[ACTION' only a command for a device the user's words name can be decoded); the last two need "
-        "a local model. All pass the same allow-list and grounding; `specvoice bench home --format` compares them",
+        "constrained",
+        description="how the model asks for an action: 'constrained' ([ACTION topic payload] markers in the reply, "
+        "and after '[ACTION' only a command for a device the user's words name can be decoded; a remote model "
+        "writes plain markers), 'markers' (the same, unconstrained) or 'tools' (a control_device call through "
+        "the chat template, Hermes <tool_call> syntax; local model). All pass the same allow-list and grounding; "
+        "`specvoice bench home --format` compares them",
     )
     events: dict[str, str] = Field(
         default_factory=dict, description="trigger topic -> sentence template, e.g. '{name} is at the door'"
@@ -219,6 +223,13 @@ class MQTTConfig(_Section):
                 check_allowed({device.topic: device.payloads})
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
+            for payload in device.payloads:
+                if not _ASKABLE.search(payload.casefold()):
+                    raise ValueError(
+                        f"{where}: payload {payload!r} has no letter or digit, so no words can ask for it and it "
+                        "would always be refused; fix: a payload with a word or number (e.g. 'ON', '50'), or the "
+                        "topic in mqtt.allowed_actions without a name"
+                    )
             if device.state_topic is not None and any(c in device.state_topic for c in "+#\0 "):
                 raise ValueError(
                     f"{where}: state_topic {device.state_topic!r} must be a plain topic without spaces or "

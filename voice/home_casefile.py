@@ -22,7 +22,7 @@ from typing import Any
 from audio.frames import SPEECH_RATE
 from audio.wavfile import write_wav
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
-from voice.dialog.home import OPPOSITE
+from voice.dialog.home import ASK_BACK, OPPOSITE
 from voice.events import ActionRequested
 from voice.speechset import voices
 
@@ -188,6 +188,10 @@ class Result:
     first_token_ms: float | None = None  # from the question to the model's first token (prefill included)
     prompt_tokens: int | None = None  # the whole prompt the model read (system prompt, tools, the question)
     reply_tokens: int | None = None  # tokens the model wrote, action markers or tool calls included
+    answer: str | None = None  # the reply asked back ("Do you want the fan on or off?"): the user's answer
+    answer_published: list[dict[str, str]] = field(default_factory=list)  # ... and what it published
+    answer_reply: str | None = None
+    answer_transcript: str | None = None  # what the listener heard of the answer (spoken runs)
 
     def __post_init__(self) -> None:
         if self.state_right is None and self.state and not self.expect:
@@ -199,10 +203,36 @@ class Result:
         return self.published == ([self.expect] if self.expect else [])
 
     @property
+    def right_after_answer(self) -> bool:
+        """Right at once, or nothing at once and exactly the expected action after the user's answer."""
+        return self.right or (not self.published and bool(self.expect) and self.answer_published == [self.expect])
+
+    @property
     def consistent(self) -> bool:
-        """The words match the deed: the refusal is said when a request was refused, and not when all was done."""
-        said_refusal = REFUSED_SPEECH.strip().casefold() in self.reply.casefold()
+        """The words match the deed: the refusal (or a question back) is said when a request was refused, and not
+        when all was done."""
+        said_refusal = any(s.casefold() in self.reply.casefold() for s in (REFUSED_SPEECH.strip(), ASK_BACK))
         return said_refusal if self.refused else not (self.published and said_refusal)
+
+
+# The answer a user gives to a question back, by the value they want (a number: "Set it to 50 percent, please.")
+_ANSWERS = {
+    "on": "Turn it on, please.",
+    "off": "Turn it off, please.",
+    "open": "Open it, please.",
+    "close": "Close it, please.",
+    "lock": "Lock it, please.",
+    "unlock": "Unlock it, please.",
+}
+
+
+def answer_for(case: Case, result: Result) -> str | None:
+    """What the user says back when a command case's reply asked back (voice/dialog/home.py ``ask_value``):
+    the value they wanted, alone. None when there is nothing to answer."""
+    if not case.expect or ASK_BACK.casefold() not in result.reply.casefold():
+        return None
+    value = case.expect["payload"]
+    return _ANSWERS.get(value.casefold(), f"Set it to {value}{' percent' if value.isdigit() else ''}, please.")
 
 
 def state_answered(state: dict[str, str], reply: str, question: str = "") -> bool | None:

@@ -45,13 +45,14 @@ from tqdm import tqdm
 
 from voice.bench import count, positive
 from voice.config_servers import HomeDeviceConfig
-from voice.events import ActionRequested, Event, TurnDone, TurnError
+from voice.events import ActionRequested, Event, TranscriptFinal, TurnDone, TurnError
 from voice.home_casefile import (
     DEFAULT_CASES,
     PIPER,
     Case,
     CaseFileError,
     Result,
+    answer_for,
     load_cases,
     published_actions,
     speak_case,
@@ -59,6 +60,9 @@ from voice.home_casefile import (
 )
 
 # The espeak-ng half of the spoken sample: accents and speeds of `espeak-ng --voices=en` (as the varied STT set).
+
+
+_SPOKEN_TURN_S = 120.0  # a spoken case's turn ends well within this after its audio (else nothing was heard)
 
 
 class HomeRunner:
@@ -77,24 +81,18 @@ class HomeRunner:
             self.requests.append(event)
         elif isinstance(event, (TurnDone, TurnError)):
             self.ended.put_nowait(event)
+        elif isinstance(event, TranscriptFinal) and not event.text.strip():
+            self.ended.put_nowait(None)  # nothing heard: no turn will end
 
     async def run(self, case: Case, wav: Path | None = None) -> Result:
         from voice.transports.mqtt.commands import forget_history
-        from voice.wavturn import run_turn
 
         forget_history(self.session)
         if self.assistant.home is not None:  # what the MQTT bridge would have heard on the state topics
             self.assistant.home.states.clear()
             self.assistant.home.states.update(case.state)
-        self.requests.clear()
-        while not self.ended.empty():
-            self.ended.get_nowait()
         started = time.monotonic()
-        done: TurnDone | None
-        if wav is None:
-            done = await self.session.ask(case.say, speak=False)
-        else:
-            done = await run_turn(self.session, wav, self.ended)
+        done = await self._turn(case.say, wav)
         published = published_actions(self.requests, self.allowed)
         refused = [{"topic": r.topic, "payload": r.payload} for r in self.requests if not r.allowed]
         return Result(
@@ -112,6 +110,28 @@ class HomeRunner:
             prompt_tokens=_decoder(done).get("prompt_tokens"),
             reply_tokens=_decoder(done).get("new_tokens"),
         )
+
+    async def answer(self, result: Result, said: str, wav: Path | None = None) -> None:
+        """The user's answer to the reply's question back, in the same conversation: what it published."""
+        done = await self._turn(said, wav)
+        result.answer = said
+        result.answer_published = published_actions(self.requests, self.allowed)
+        result.answer_reply = done.reply if done else ""
+        result.answer_transcript = done.transcript if done and wav is not None else None
+
+    async def _turn(self, say: str, wav: Path | None) -> TurnDone | None:
+        """One turn, asked as text (as an MQTT ask) or played as ``wav`` through the listener."""
+        from voice.wavturn import run_turn
+
+        self.requests.clear()
+        while not self.ended.empty():
+            self.ended.get_nowait()
+        if wav is None:
+            return await self.session.ask(say, speak=False)
+        try:
+            return await run_turn(self.session, wav, self.ended, timeout_s=_SPOKEN_TURN_S)
+        except TimeoutError:  # the listener heard no speech at all: no turn began
+            return None
 
 
 def _decoder(done: TurnDone | None) -> dict[str, Any]:
@@ -137,6 +157,8 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
             "right_action": sum(r.right for r in commands),
             "no_action_cases": len(quiet),
             "acted_when_none_wanted": sum(bool(r.published) for r in quiet),
+            "asked_back": sum(r.answer is not None for r in commands),
+            "right_after_answer": sum(r.right_after_answer for r in commands),
             "refused_requests": sum(len(r.refused) for r in rs),
             "unallowed_published": sum(
                 p["payload"] not in allowed.get(p["topic"], []) for r in rs for p in r.published
@@ -165,13 +187,14 @@ def _pct(part: int, whole: int) -> str:
 
 def print_table(summary: dict[str, Any], title: str) -> None:
     print(f"\n{title}")
-    head = f"{'intent':16s}{'cases':>6s}{'right action':>14s}{'acted, none wanted':>20s}{'refused':>9s}"
-    print(head + f"{'unallowed':>11s}{'consistent':>12s}{'state said':>12s}")
+    head = f"{'intent':16s}{'cases':>6s}{'right action':>14s}{'after asking':>14s}{'acted, none wanted':>20s}"
+    print(head + f"{'refused':>9s}{'unallowed':>11s}{'consistent':>12s}{'state said':>12s}")
     rows = [*summary["per_intent"].items(), ("total", summary["total"])]
     for name, s in rows:
         print(
             f"{name:16s}{s['cases']:6d}"
             f"{_pct(s['right_action'], s['commands']):>14s}"
+            f"{_pct(s['right_after_answer'], s['commands']):>14s}"
             f"{_pct(s['acted_when_none_wanted'], s['no_action_cases']):>20s}"
             f"{s['refused_requests']:9d}{s['unallowed_published']:11d}"
             f"{_pct(s['consistent_reply'], s['cases']):>12s}"
@@ -228,12 +251,16 @@ async def bench(config: Any, argv: list[str]) -> int:
     runner = HomeRunner(assistant, allowed)
     results: list[Result] = []
     for case in tqdm(chosen, desc="text cases", unit="case", disable=None):
-        results.append(await runner.run(case))
+        results.append(result := await runner.run(case))
+        if (said := answer_for(case, result)) is not None:
+            await runner.answer(result, said)
     voices = spoken_voices(len(chosen[: args.spoken]), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(tqdm(chosen[: args.spoken], desc="spoken cases", unit="case", disable=None)):
             wav = speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav")
-            results.append(await runner.run(case, wav))
+            results.append(result := await runner.run(case, wav))
+            if (said := answer_for(case, result)) is not None:
+                await runner.answer(result, said, speak_case(assistant, said, voices[i], Path(tmp) / f"answer{i}.wav"))
     await runner.session.close()
     text = [r for r in results if not r.spoken]
     spoken = [r for r in results if r.spoken]
@@ -252,8 +279,9 @@ async def bench(config: Any, argv: list[str]) -> int:
         )
         for k, total in summary["spoken_by_voice"].items():
             print(
-                f"  {k}: right action {_pct(total['right_action'], total['commands'])}, acted when none wanted "
-                f"{_pct(total['acted_when_none_wanted'], total['no_action_cases'])}, state said "
+                f"  {k}: right action {_pct(total['right_action'], total['commands'])} "
+                f"({_pct(total['right_after_answer'], total['commands']).strip()} after asking back), "
+                f"acted when none wanted {_pct(total['acted_when_none_wanted'], total['no_action_cases'])}, state said "
                 f"{_pct(total['state_right'], total['state_questions'])}"
             )
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)

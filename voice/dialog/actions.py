@@ -13,7 +13,9 @@ reply (``once_per_topic``; measured, the model copied the prompt's list: ON, OFF
 ones for the same topic are dropped. Everything else is refused with a reason.
 
 After a refused marker the rest of the reply is not spoken: small models confirm what they asked for
-("Done, the front door is unlocked") whether or not it happened. The user hears ``REFUSED_SPEECH`` instead.
+("Done, the front door is unlocked") whether or not it happened. The user hears the ``Refusal``'s speech instead:
+``REFUSED_SPEECH``, or a question back ("Do you want the sprinkler on or off?") when the words named the device
+but no value, which the next turn's answer ("On.") completes (voice/dialog/home.py ``Home.follow_up``).
 
 The other format (``mqtt.action_format = "tools"``): the chat template shows the model one function,
 ``control_device(device, value)`` (``action_tool``), and the model calls it in its trained Hermes syntax. The turn's
@@ -28,17 +30,29 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from voice.dialog.toolcalls import ToolCallParser
 from voice.events import ActionRequested
 
-Grounding = Callable[[str, str], "str | None"]  # (topic, payload) -> None if the user asked for it, else why not
+REFUSED_SPEECH = " Sorry, I can't do that."
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why an action the model asked for is not done, and what the user hears instead: the plain refusal, or a
+    question back when the words named the device but no value ("Do you want the sprinkler on or off?")."""
+
+    reason: str
+    speech: str = REFUSED_SPEECH
+
+
+Grounding = Callable[[str, str], "Refusal | None"]  # (topic, payload) -> None if the user asked for it
 
 KEYWORD = "ACTION"  # the marker is "[" + KEYWORD + whitespace + body + "]" (keyword in any case)
 MAX_BODY_CHARS = 200  # a marker body longer than this is not a marker the model meant: refused
 _QUOTES = "\"'`"
-REFUSED_SPEECH = " Sorry, I can't do that."
 ACTION_TOOL = "control_device"  # the function of the tool-call format (mqtt.action_format = "tools")
 
 
@@ -158,6 +172,10 @@ class ActionParser:
         self._body: str | None = None  # inside a marker: the characters after the keyword
         self._muted = False  # a marker was refused: the rest of the reply is not spoken
 
+    @property
+    def refused(self) -> bool:
+        return any(not r.allowed for r in self.requests)
+
     def push(self, text: str) -> str:
         """Feed reply text; returns the part that is safe to speak now."""
         out: list[str] = []
@@ -232,18 +250,18 @@ class ActionParser:
                 if self.once_per_topic and any(r.topic == topic for r in self.requests):
                     self.duplicates += 1
                     return
-                why_not = self.ground(topic, allowed) if self.ground is not None else None
-                if why_not is not None:
-                    self._refuse(topic, allowed, why_not, out)
+                refusal = self.ground(topic, allowed) if self.ground is not None else None
+                if refusal is not None:
+                    self._refuse(topic, allowed, refusal.reason, out, refusal.speech)
                     return
                 self.requests.append(ActionRequested(topic, allowed, True))
                 return
         choices = ", ".join(repr(p) for p in self.allowed[topic])
         self._refuse(topic, payload, f"payload {payload!r} is not allowed for {topic!r} (allowed: {choices})", out)
 
-    def _refuse(self, topic: str, payload: str, reason: str, out: list[str]) -> None:
+    def _refuse(self, topic: str, payload: str, reason: str, out: list[str], speech: str = REFUSED_SPEECH) -> None:
         self.requests.append(ActionRequested(topic, payload, False, reason))
-        self._speak(REFUSED_SPEECH, out)
+        self._speak(speech, out)
         self._muted = True
 
 

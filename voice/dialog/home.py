@@ -16,11 +16,19 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from voice.dialog.actions import ACTION_TOOL, KEYWORD, action_instructions, action_tool, tool_instructions
+from voice.dialog.actions import (
+    ACTION_TOOL,
+    KEYWORD,
+    Grounding,
+    Refusal,
+    action_instructions,
+    action_tool,
+    tool_instructions,
+)
 
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
@@ -41,9 +49,22 @@ VALUE_WORDS = {
     "off": frozenset({"off", "deactivate", "disable", "stop"}),
     "open": frozenset({"open", "raise", "lift", "up"}),
     "close": frozenset({"close", "closed", "shut", "lower", "down"}),
-    "lock": frozenset({"lock"}),
-    "unlock": frozenset({"unlock"}),
+    "lock": frozenset({"lock", "locked"}),
+    "unlock": frozenset({"unlock", "unlocked"}),
 }
+ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
+YES_WORDS = frozenset({"yes", "yeah", "yep", "sure", "ok", "okay", "correct", "right"})
+# Words that make a sentence a request (Home Assistant's command verbs, and asking politely); measured, 8 of the
+# 270 commands of configs/home_cases.json hold none ("sprinkler on", "my tv socket to off").
+REQUEST_WORDS = frozenset(
+    {"turn", "switch", "set", "put", "make", "change", "bring", "activate", "deactivate", "enable", "disable"}
+    | {"start", "stop", "open", "close", "shut", "lower", "raise", "lift", "lock", "unlock", "dim", "brighten"}
+    | {"increase", "decrease", "reduce", "please", "can", "could", "would", "will", "want", "need", "let"}
+)
+_SAID = {"close": "closed", "lock": "locked", "unlock": "unlocked"}  # a value as the question back says it
+# Particles that ask for a value only when no other word asks for one of the device's values: Home Assistant's
+# "(close|shut|lower) [(up|down)]" says "lower up the garage door" for CLOSE, and "turn up the lamp to 50%" is 50.
+WEAK_VALUE_WORDS = frozenset({"up", "down"})
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
 
 
@@ -86,10 +107,37 @@ class HomeDevice:
         return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
 
 
-def asks_for(value: str, heard: set[str]) -> bool:
-    """The words ask for this value of a device: a word of VALUE_WORDS for it, else the value's own words."""
+def asks_for(value: str, heard: set[str], strong: bool = False) -> bool:
+    """The words ask for this value of a device: a word of VALUE_WORDS for it, else the value's own words.
+    ``strong``: only by a word that is not one of WEAK_VALUE_WORDS."""
     cues = VALUE_WORDS.get(value.casefold())
-    return bool(cues & heard) if cues else bool(own := set(words(value))) and own <= heard
+    if cues is None:
+        return bool(own := set(words(value))) and own <= heard
+    return bool((cues - WEAK_VALUE_WORDS if strong else cues) & heard)
+
+
+def asked_values(payloads: Iterable[str], heard: set[str]) -> list[str]:
+    """The device's values the words ask for: those a strong word asks for ("lower" in "lower up the blind"), or,
+    when there is none, those a weak one does ("light up the lamp")."""
+    payloads = list(payloads)
+    return [p for p in payloads if asks_for(p, heard, strong=True)] or [p for p in payloads if asks_for(p, heard)]
+
+
+def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
+    """The question back when the words name a device but none of its values ("Sprinkler." for "sprinkler on",
+    as tiny.en heard it): its word values, else all ("Do you want the garage door open or closed?"); or, with
+    ``values``, whether those are wanted ("Do you want the bedroom fan on?")."""
+    if values is None:
+        values = [p for p in device.payloads if not p.isdigit()] or device.payloads
+    said = [f"set to {p}" if p.isdigit() else _SAID.get(p.casefold(), p.casefold()) for p in values]
+    choices = f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else said[0]
+    return f" {ASK_BACK} {device.name} {choices}?"
+
+
+def requests(heard: set[str], text: str) -> bool:
+    """The words ask for a deed with a word of REQUEST_WORDS ("turn", "please", "can"), or "light up": a heard
+    command without one ("Or our bedside lamp off.") may be a question that lost its first word."""
+    return bool(REQUEST_WORDS & heard) or "light up" in " ".join(words(text))
 
 
 def asks_state(text: str) -> bool:
@@ -208,9 +256,30 @@ class Home:
         heard, many = set(words(text)), plurals(text)
         return [d for d in self.devices if d.named_in(heard, many)]
 
-    def annotate(self, text: str) -> str:
-        """The user's words as the model sees them: with the state of the devices asked about when the words ask
-        about state (the named devices, else those of the kind named: "which lights are on"), else unchanged."""
+    def follow_up(self, text: str, history: Sequence[dict] = ()) -> str:
+        """The user's words, with the device the last reply asked about (``ask_value``) when they answer it and
+        name no device of their own: "On." after "Do you want the sprinkler on or off?" is "On. (the sprinkler)",
+        "Yes." after "Do you want the fan on?" is "Yes. (the fan on)"; that names it (and the value) for the
+        grounding, the constrained decode and the model alike."""
+        last = history[-1] if history else {}
+        if last.get("role") != "assistant" or not isinstance(last.get("content"), str) or self.named(text):
+            return text
+        asked, heard = last["content"].rstrip(), set(words(text))
+        for d in self.devices:
+            proposed = [p for p in d.payloads if asked.endswith(ask_value(d, [p]).strip())]
+            if not proposed and not asked.endswith(ask_value(d).strip()):
+                continue
+            if asked_values(d.payloads, heard):  # "Off." to either question
+                return f"{text} (the {d.name})"
+            if proposed and YES_WORDS & heard:
+                return f"{text} (the {d.name}{ask_value(d, proposed).split(d.name, 1)[1].rstrip('?')})"
+            return text
+        return text
+
+    def annotate(self, text: str, history: Sequence[dict] = ()) -> str:
+        """The user's words as the model sees them: ``follow_up``, and with the state of the devices asked about
+        when the words ask about state (the named devices, else those of the kind named: "which lights are on")."""
+        text = self.follow_up(text, history)
         if not asks_state(text):
             return text
         shown = [d for d in self.named(text) if d.state_topic]
@@ -223,21 +292,30 @@ class Home:
         known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
         return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
 
-    def grounding(self, heard: str) -> Callable[[str, str], str | None]:
-        """A check for ActionParser: None when the user's words ask for this action, else why not."""
+    def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
+        """A check for ActionParser: None when the user's words (``follow_up``) ask for this action, else why not.
+        A device named with none of its values is asked back about (``ask_value``); so is a ``spoken`` command
+        without a request word (``requests``), which may be a question heard without its first word."""
+        answer = self.follow_up(heard, history)
+        answered, heard = answer != heard, answer
         question, heard_words = asks_state(heard), set(words(heard))
         named = {d.topic for d in self.named(heard)}
         by_topic = {d.topic: d for d in self.devices}
 
-        def check(topic: str, payload: str) -> str | None:
+        def check(topic: str, payload: str) -> Refusal | None:
             if not self.grounded:
                 return None
             if question:
-                return "the user asked a question, not for a change (a question about state never acts)"
+                return Refusal("the user asked a question, not for a change (a question about state never acts)")
             if topic in by_topic and topic not in named:
-                return f"the user's words do not name the {by_topic[topic].name!r}"
-            if topic in by_topic and not asks_for(payload, heard_words):
-                return f"the user's words do not ask for {payload!r} (heard as {heard!r})"
+                return Refusal(f"the user's words do not name the {by_topic[topic].name!r}")
+            if topic in by_topic and payload not in (asked := asked_values(by_topic[topic].payloads, heard_words)):
+                why = f"the user's words do not ask for {payload!r} (heard as {heard!r})"
+                if asked or any(w.isdigit() for w in heard_words):  # a value it cannot take ("25%"): no question
+                    return Refusal(why)
+                return Refusal(why + ": asked back", ask_value(by_topic[topic]))
+            if spoken and not answered and topic in by_topic and not requests(heard_words, heard):
+                return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(by_topic[topic], [payload]))
             return None
 
         return check
@@ -306,13 +384,17 @@ def action_setup(
     )
 
 
-def constrained_commands(allowed: dict[str, list[str]], home: Home | None, text: str) -> dict[str, list[str]]:
-    """What a constrained action may say (mqtt.action_format = "constrained"): each value the words ask for of each
-    device they name; none for a state question (the reply is then free, and the parser refuses what comes)."""
+def constrained_commands(
+    allowed: dict[str, list[str]], home: Home | None, text: str, history: Sequence[dict] = ()
+) -> dict[str, list[str]]:
+    """What a constrained action may say (mqtt.action_format = "constrained"): each value the words (``follow_up``)
+    ask for of each device they name; none for a state question (the reply is then free, and the parser refuses
+    what comes)."""
     if home is None:
         return allowed
+    text = home.follow_up(text, history)
     if asks_state(text) or not home.grounded:
         return {} if home.grounded else home.allowed
     heard = set(words(text))
-    asked = {d.topic: [p for p in d.payloads if asks_for(p, heard)] for d in home.named(text)}
+    asked = {d.topic: asked_values(d.payloads, heard) for d in home.named(text)}
     return {topic: values for topic, values in asked.items() if values}

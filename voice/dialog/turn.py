@@ -67,7 +67,7 @@ class TurnContext:
 
 def asked(ctx: TurnContext, text: str) -> str:
     """The user's words as the model gets them: with the state of the devices asked about, when they ask."""
-    return ctx.home.annotate(text) if ctx.home is not None and text else text
+    return ctx.home.annotate(text, ctx.conversation.messages) if ctx.home is not None and text else text
 
 
 Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
@@ -258,7 +258,8 @@ class Turn:
                 await self._drop_early()
                 return None
             self.text = text
-        ground = ctx.home.grounding(self.text) if ctx.home is not None and self.text else None
+        home, spoken = ctx.home, self.utterance is not None  # a heard command may be a question misheard
+        ground = home.grounding(self.text, ctx.conversation.messages, spoken) if home and self.text else None
         markers = ctx.resolve_device is None
         parser = (
             ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None, markers=markers)
@@ -367,8 +368,8 @@ class Turn:
             ctx.conversation.discard()  # the next turn asks these words again, with what the user added
         elif self._commits and ctx.conversation.uncommitted:
             # the exchange enters the history once: the whole reply (with its action markers) when it was all
-            # delivered, else the words the user heard
-            complete = not cut and not self.interrupted and error is None
+            # delivered and nothing refused, else the words the user heard (a refusal, a question back)
+            complete = not cut and not self.interrupted and error is None and not (parser and parser.refused)
             calls = self._tools.calls if self._tools is not None and complete else []
             self._committed = outcome.raw.strip() if complete and not calls else heard
             ctx.conversation.commit(self._committed)
@@ -464,8 +465,8 @@ class Turn:
 
     def _constrain(self) -> None:
         """After "[ACTION" the reply can only go on with a command the grounding would let through."""
-        if (constrain := getattr(self.ctx.conversation, "constrain", None)) is not None:
-            commands = constrained_commands(self.ctx.allowed_actions, self.ctx.home, self.text)
+        if (constrain := getattr(conversation := self.ctx.conversation, "constrain", None)) is not None:
+            commands = constrained_commands(self.ctx.allowed_actions, self.ctx.home, self.text, conversation.messages)
             constrain(f"[{KEYWORD}", [f" {t} {p}]" for t, payloads in commands.items() for p in payloads])
 
     def _act(self, parser: ActionParser) -> str:
