@@ -157,7 +157,9 @@ def test_a_device_named_without_a_value_is_asked_back_and_the_answer_completes_i
     assert home.follow_up("Closed.", [*history, {"role": "user", "content": "x"}]) == "Closed."
     assert home.follow_up("Closed.", [{"role": "assistant", "content": "The garage door is open."}]) == "Closed."
     # in the constrained format only the answer's value of the asked device can be decoded
-    assert constrained_commands(home.allowed, home, "Closed.", history) == {GARAGE: ["CLOSE"]}
+    assert constrained_commands(home, "Closed.", history) == {GARAGE: ["CLOSE"]}
+    # without named devices nothing is constrained: forcing the allow-list would turn a refusal into a command
+    assert constrained_commands(None, "Unlock the front door.") == {}
 
 
 def test_a_question_about_state_never_acts(tmp_path):

@@ -384,14 +384,13 @@ def action_setup(
     )
 
 
-def constrained_commands(
-    allowed: dict[str, list[str]], home: Home | None, text: str, history: Sequence[dict] = ()
-) -> dict[str, list[str]]:
+def constrained_commands(home: Home | None, text: str, history: Sequence[dict] = ()) -> dict[str, list[str]]:
     """What a constrained action may say (mqtt.action_format = "constrained"): each value the words (``follow_up``)
-    ask for of each device they name; none for a state question (the reply is then free, and the parser refuses
-    what comes)."""
+    ask for of each device they name; none for a state question, or without named devices (the reply is then free,
+    and the parser refuses what comes). Never the whole allow-list: a marker the model began for a topic off the
+    list ("[ACTION home/front_door/lock/set") would be made into an allowed command instead of refused."""
     if home is None:
-        return allowed
+        return {}
     text = home.follow_up(text, history)
     if asks_state(text) or not home.grounded:
         return {} if home.grounded else home.allowed

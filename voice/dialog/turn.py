@@ -466,7 +466,7 @@ class Turn:
     def _constrain(self) -> None:
         """After "[ACTION" the reply can only go on with a command the grounding would let through."""
         if (constrain := getattr(conversation := self.ctx.conversation, "constrain", None)) is not None:
-            commands = constrained_commands(self.ctx.allowed_actions, self.ctx.home, self.text, conversation.messages)
+            commands = constrained_commands(self.ctx.home, self.text, conversation.messages)
             constrain(f"[{KEYWORD}", [f" {t} {p}]" for t, payloads in commands.items() for p in payloads])
 
     def _act(self, parser: ActionParser) -> str:
