@@ -27,7 +27,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol, TypeVar
 
 from llm.cache import CachedLM, common_prefix
@@ -99,10 +99,12 @@ class Conversation(ChatHistory):
         self.tools: list[dict[str, Any]] | None = None
         self.constraint: ChoiceConstraint | None = None  # the next reply's constrained stretch (``constrain``)
 
-    def constrain(self, trigger: str, choices: list[str]) -> ChoiceConstraint | None:
-        """The next reply continues its text after ``trigger`` only with one of ``choices`` (llm/constrain.py);
-        no choices: no constraint. Returns it (its ``used`` counts the constrained tokens)."""
-        self.constraint = ChoiceConstraint(self.engine.tokenizer, trigger, choices) if choices else None
+    def constrain(self, trigger: str, choices: list[str], opening: Sequence[str] = ()) -> ChoiceConstraint | None:
+        """The next reply continues its text after ``trigger`` only with one of ``choices`` (llm/constrain.py), and
+        starts with one of ``opening`` if any; neither: no constraint. Returns it (its ``used`` counts the
+        constrained tokens)."""
+        tokenizer = self.engine.tokenizer
+        self.constraint = ChoiceConstraint(tokenizer, trigger, choices, opening) if choices or opening else None
         return self.constraint
 
     @property

@@ -76,6 +76,8 @@ class Generation:
                 self.target.prefill(self.seq, held + self.prefill_chunk)
                 return []
             # the first token: the target's (last) prefill chunk alone, the draft catches up later
+            if self.constraint is not None and (allowed := self.constraint.allowed([])) is not None:
+                return self._constrained(allowed)  # the constraint's opening
             if self.params.greedy:
                 return self._commit(self.target.greedy(self.seq)[-1:], 0, 0, 1)
             p = self.params.probs(self.target.logits(self.seq))
@@ -86,8 +88,7 @@ class Generation:
 
     def _speculate(self) -> list[int]:
         if self.constraint is not None and (allowed := self.constraint.allowed(self.new_tokens)) is not None:
-            row = self.target.logits(self.seq)[-1]  # one target pass, its choice among the allowed tokens only
-            return self._commit([allowed[int(row[allowed].argmax())]], 0, 0, 1)
+            return self._constrained(allowed)
         remaining = self.max_new_tokens - len(self.new_tokens)
         k = self.policy.choose(remaining) if self.proposer is not None else 0
         proposal = Proposal([], None)
@@ -136,6 +137,11 @@ class Generation:
                 )
             )
         return self._commit(committed, len(drafts), accepted, fed)
+
+    def _constrained(self, allowed: list[int]) -> list[int]:
+        """One target pass, its choice among the allowed tokens only."""
+        row = self.target.logits(self.seq)[-1]
+        return self._commit([allowed[int(row[allowed].argmax())]], 0, 0, 1)
 
     def _commit(self, committed: list[int], drafted: int, accepted: int, fed: int) -> list[int]:
         self.target_calls += 1

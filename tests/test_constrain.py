@@ -13,10 +13,12 @@ from tests.conftest_llm import chat_ids, smollm_engine, smollm_fp32, smollm_with
 QUESTION = "Name three colours of the rainbow."
 
 
-def decode(engine, settings, constraint=None) -> str:
+def decode(engine, settings, constraint=None, written: str = "") -> str:
+    """The reply to QUESTION (``written``: after this text, as if the reply had opened with it)."""
     tok = engine.tokenizer
     target, draft = engine.new_caches()
-    gen = engine.generation(chat_ids(tok, QUESTION), settings, target, draft, constraint)
+    prompt = chat_ids(tok, QUESTION) + (tok.encode(written, add_special_tokens=False) if written else [])
+    gen = engine.generation(prompt, settings, target, draft, constraint)
     while not gen.done:
         gen.step()
     return tok.decode([t for t in gen.new_tokens if t not in engine.stop_ids])
@@ -41,11 +43,28 @@ def test_after_the_trigger_only_a_choice_is_decoded_and_before_it_nothing_change
 
 def test_a_constraint_needs_a_choice_and_is_free_until_its_trigger():
     _, tok = smollm_fp32()
-    with pytest.raises(ValueError, match="at least one choice"):
+    with pytest.raises(ValueError, match="at least one choice or opening"):
         ChoiceConstraint(tok, "[ACTION", [])
+    only_opening = ChoiceConstraint(tok, "[ACTION", [], ["[ACTION home/a/set ON]"])  # then any marker is free
+    assert only_opening.allowed([]) == [tok.encode("[ACTION home/a/set ON]", add_special_tokens=False)[0]]
     constraint = ChoiceConstraint(tok, "[ACTION", [" home/a/set ON]"])
     opening = tok.encode("Sure. [ACTION", add_special_tokens=False)
     assert constraint.allowed(opening[:-1]) is None
     assert constraint.free_drafts(opening[:-2], opening[-2:]) == 1  # the draft that completes the trigger is cut
     first = constraint.allowed(opening)
     assert first == [tok.encode(" home/a/set ON]", add_special_tokens=False)[0]]
+
+
+@pytest.mark.parametrize("make, mode", [(smollm_engine, "ngram"), (smollm_with_cheap_draft, "draft")])
+def test_an_opening_is_the_replys_first_text_and_the_rest_is_free(make, mode):
+    """A caller that knows how the reply must start (a home command the words decide) has the model write it from
+    the first token; then the decode is free: exactly the target's own reply after that opening."""
+    settings = DecodeSettings(mode=mode, max_new_tokens=40, draft_length=4 if mode == "draft" else "adaptive")
+    engine = make(settings) if mode == "ngram" else make()
+    opening = "Here are three:"  # not its own opening ("The rainbow is ..."): the constraint writes it
+    constraint = ChoiceConstraint(engine.tokenizer, "[ACTION", [" home/a/set ON]"], [opening])
+    constrained = decode(engine, settings, constraint)
+    assert constrained.startswith(opening), constrained
+    assert constraint.used == len(engine.tokenizer.encode(opening, add_special_tokens=False))
+    after = decode(engine, settings.but(max_new_tokens=40 - constraint.used), written=opening)
+    assert after.strip() and constrained[len(opening) :] == after  # what follows is the model's own, token for token

@@ -18,7 +18,7 @@ from voice.config import ConfigError, load_config
 from voice.config_speech import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, REFUSED_SPEECH, ActionParser, Refusal, action_tool
 from voice.dialog.home import Home, asks_state, constrained_commands
-from voice.dialog.turn import Turn, TurnContext
+from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import ActionRequested, ToolCallRequested
 from voice.latency import LatencyStats, LatencyTrace
 
@@ -217,9 +217,10 @@ class ScriptedChat(ChatHistory):
         self.text = text
         self.last_stats = None
         self.constrained: tuple[str, list[str]] | None = None  # what the turn asked ``constrain`` for
+        self.opening: list[str] = []  # ... and what it had the reply open with
 
-    def constrain(self, trigger: str, choices: list[str]) -> None:
-        self.constrained = (trigger, choices)
+    def constrain(self, trigger: str, choices: list[str], opening: list[str] = ()) -> None:  # type: ignore[assignment]
+        self.constrained, self.opening = (trigger, choices), list(opening)
 
     async def reply(self, user_text, settings=None, *, commit=True):
         self._pending = [*self.messages, {"role": "user", "content": user_text}]
@@ -243,29 +244,34 @@ def tool_turn(
     chat.text = text
 
     async def run():
-        ctx = TurnContext(
-            conversation=chat,
-            decode=DecodeSettings(),
-            tts=None,  # type: ignore[arg-type]  # text only: nothing is synthesized
-            tts_config=TTSConfig(),
-            sink=None,
-            emit=events.append,
-            set_state=lambda state: None,
-            generation_lock=asyncio.Lock(),
-            stats=LatencyStats(),
-            turn_timeout_s=30,
-            stt_timeout_s=30,
-            allowed_actions=home.allowed,
-            home=home,
-            resolve_device=home.resolve if action_format == "tools" else None,
-            constrained=action_format == "constrained",
-            tools=tools,
-        )
+        ctx = context(home, chat, events.append, action_format, tools)
         return await Turn(ctx, heard, LatencyTrace(1), speak=False).start().wait()
 
     done = asyncio.run(run())
     assert done is not None
     return done.reply, events, chat
+
+
+def context(home: Home, chat: ScriptedChat, emit, action_format: str = "tools", tools: list | None = None):
+    """A text-only turn's context over ``chat``, with ``home``'s devices allowed."""
+    return TurnContext(
+        conversation=chat,
+        decode=DecodeSettings(),
+        tts=None,  # type: ignore[arg-type]  # text only: nothing is synthesized
+        tts_config=TTSConfig(),
+        sink=None,
+        emit=emit,
+        set_state=lambda state: None,
+        generation_lock=asyncio.Lock(),
+        stats=LatencyStats(),
+        turn_timeout_s=30,
+        stt_timeout_s=30,
+        allowed_actions=home.allowed,
+        home=home,
+        resolve_device=home.resolve if action_format == "tools" else None,
+        constrained=action_format == "constrained",
+        tools=tools,
+    )
 
 
 def actions(events: list) -> list[tuple[str, str, bool]]:
@@ -348,6 +354,54 @@ def test_the_constrained_format_decodes_only_the_named_devices_commands_after_th
     assert chat.constrained == ("[ACTION", [f" {GARAGE} CLOSE]"])  # "up" is part of Home Assistant's close
     _, _, chat = tool_turn(home, "is the garage door open?", "It is open.", action_format="constrained")
     assert chat.constrained == ("[ACTION", [])  # a question: nothing to choose (the parser refuses any marker)
+    assert chat.opening == []
+
+
+def test_a_command_the_words_decide_alone_opens_the_reply(tmp_path):
+    """One device named, one of its values asked for (let through, or asked back), nothing hedging it: the reply
+    opens with its marker (the model writes it, constrained, then goes on freely). Named with no value: one of its
+    values opens the reply, and the grounding makes it the question back. Anything else is the model's to decide."""
+    home = load(tmp_path)
+    assert home.opening("lower up the garage door") == [(GARAGE, "CLOSE")]
+    assert home.opening("Bedroom lamp off.") == [(BEDROOM, "OFF")]  # typed: taken as written
+    assert home.opening("Bedroom lamp off.", spoken=True) == [(BEDROOM, "OFF")]  # heard: the grounding asks back
+    assert home.grounding("Bedroom lamp off.", spoken=True)(BEDROOM, "OFF").asks_back  # type: ignore[union-attr]
+    assert home.opening("Garage door, please.") == [(GARAGE, "OPEN"), (GARAGE, "CLOSE")]  # the question back
+    history = [{"role": "assistant", "content": "Do you want the bedroom lamp off?"}]
+    assert home.opening("Yes.", history, spoken=True) == [(BEDROOM, "OFF")]  # the answer to a question back
+    for free in [
+        "Could you turn the bedroom lamp off?",  # "?": the model reads it
+        "is the garage door open",  # a question about state
+        "don't open the garage door",
+        "open the garage door when I'm home",
+        "turn on the kitchen light and the bedroom lamp",  # two devices
+        "switch the garage door open or closed",  # two values
+        "turn on the printer",  # no such device
+        "set the kitchen light to 25%",  # a value it cannot take: refused, no question
+    ]:
+        assert home.opening(free) == [], free
+    # through a real Turn: the opening is the whole marker, the choices after "[ACTION" are as before
+    raw = f"[ACTION {GARAGE} CLOSE] Closing it."
+    spoken, events, chat = tool_turn(home, "lower the garage door", raw, action_format="constrained")
+    assert chat.opening == [f"[ACTION {GARAGE} CLOSE]"] and chat.constrained == ("[ACTION", [f" {GARAGE} CLOSE]"])
+    assert spoken == "Closing it." and actions(events) == [(GARAGE, "CLOSE", True)]
+    _, _, chat = tool_turn(home, "don't open the garage door", "I won't.", action_format="constrained")
+    assert chat.opening == [] and chat.constrained == ("[ACTION", [f" {GARAGE} OPEN]"])
+
+    # a reply begun early on the pause's transcript (the eager end of turn) is constrained the same way, as spoken
+    async def early(heard: str) -> ScriptedChat:
+        chat = ScriptedChat(raw)
+        reply = EarlyReply(context(home, chat, lambda event: None, "constrained"), heard)
+        await reply.generated()
+        await reply.discard()
+        return chat
+
+    chat = asyncio.run(early("Lower the garage door."))
+    assert chat.opening == [f"[ACTION {GARAGE} CLOSE]"] and chat.constrained == ("[ACTION", [f" {GARAGE} CLOSE]"])
+    assert asyncio.run(early("Do you want the garage door closed?")).opening == []
+    # the markers format is the model's alone
+    _, _, chat = tool_turn(home, "lower the garage door", raw, action_format="markers")
+    assert chat.constrained is None
 
 
 def test_a_question_back_is_the_history_and_the_next_turns_value_completes_it(tmp_path):

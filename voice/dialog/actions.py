@@ -47,6 +47,11 @@ class Refusal:
     reason: str
     speech: str = REFUSED_SPEECH
 
+    @property
+    def asks_back(self) -> bool:
+        """The user hears a question (which their answer completes), not the plain refusal."""
+        return self.speech != REFUSED_SPEECH
+
 
 Grounding = Callable[[str, str], "Refusal | None"]  # (topic, payload) -> None if the user asked for it
 

@@ -25,7 +25,7 @@ from llm.settings import DecodeSettings, Emission
 from voice import tasks
 from voice.config import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, take_action_calls
-from voice.dialog.home import Home, constrained_commands
+from voice.dialog.home import Home, marker_choices
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
@@ -70,6 +70,13 @@ def asked(ctx: TurnContext, text: str) -> str:
     return ctx.home.annotate(text, ctx.conversation.messages) if ctx.home is not None and text else text
 
 
+def constrain(ctx: TurnContext, text: str, spoken: bool) -> None:
+    """In the constrained format, after "[ACTION" the reply can only go on with a command the grounding would let
+    through, and a command the words decide alone opens it (``marker_choices``); a remote model has no ``constrain``."""
+    if ctx.constrained and ctx.allowed_actions and (set_up := getattr(ctx.conversation, "constrain", None)):
+        set_up(f"[{KEYWORD}", *marker_choices(ctx.home, text, ctx.conversation.messages, spoken))
+
+
 Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
 
 
@@ -103,6 +110,7 @@ class EarlyReply:
         ctx = self.ctx
         await ctx.generation_lock.acquire()
         try:
+            constrain(ctx, self.text, spoken=True)  # as the turn that adopts it would have
             stream = ctx.conversation.reply(asked(ctx, self.text), ctx.decode, commit=False)
             try:
                 async for emission in stream:
@@ -346,8 +354,7 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        if self.ctx.constrained and self.ctx.allowed_actions:
-            self._constrain()
+        constrain(self.ctx, self.text, spoken=self.utterance is not None)
         stream = self.ctx.conversation.reply(asked(self.ctx, self.text) or None, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
@@ -462,12 +469,6 @@ class Turn:
         finally:
             await pieces.aclose()  # cancelled while waiting on the queue: the stream stops now, not at collection
         await fragments.put(None)
-
-    def _constrain(self) -> None:
-        """After "[ACTION" the reply can only go on with a command the grounding would let through."""
-        if (constrain := getattr(conversation := self.ctx.conversation, "constrain", None)) is not None:
-            commands = constrained_commands(self.ctx.home, self.text, conversation.messages)
-            constrain(f"[{KEYWORD}", [f" {t} {p}]" for t, payloads in commands.items() for p in payloads])
 
     def _act(self, parser: ActionParser) -> str:
         """The home actions among the tool calls made so far (the tool-call format), decided like markers."""
