@@ -12,7 +12,8 @@ has the model write it, then go on freely; the trigger rule holds after it as be
 
 How it meets speculation: no drafted token may complete the trigger (``free_drafts`` cuts the draft before it), so
 only a step's own target token can; the steps after it are single constrained target passes (``allowed``), which
-the generation runs instead of draft + verify. The continuations are tokenized on their own: the trigger ends a
+the generation runs instead of draft + verify, and where the continuation leaves one way on (``forced``) its
+tokens are fed and committed in one pass. The continuations are tokenized on their own: the trigger ends a
 word, so a continuation starting with a space tokenizes as it would in the text.
 """
 
@@ -57,6 +58,20 @@ class ChoiceConstraint:
             return None
         self.used += 1
         return sorted(following)
+
+    def forced(self, new_tokens: list[int]) -> list[int]:
+        """The tokens that must come next, as far as the continuation leaves only one way on ([] where it leaves
+        a choice, or the decode is free). Call it after ``allowed``: the generation feeds and commits them in one
+        pass instead of one pass each (a 13-token marker opening: one pass, not 13)."""
+        if self._armed_at is None:
+            return []
+        trie = self._opening if self._opening is not None else self.next
+        path, run = list(new_tokens[self._armed_at :]), []
+        while (following := trie.get(tuple(path))) is not None and len(following) == 1:
+            run.append(token := next(iter(following)))
+            path.append(token)
+        self.used += max(len(run) - 1, 0)  # ``allowed`` counted the first
+        return run
 
     def free_drafts(self, new_tokens: list[int], drafts: list[int]) -> int:
         """How many of ``drafts`` may be verified freely: those before the one that would complete the trigger."""

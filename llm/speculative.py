@@ -139,7 +139,12 @@ class Generation:
         return self._commit(committed, len(drafts), accepted, fed)
 
     def _constrained(self, allowed: list[int]) -> list[int]:
-        """One target pass, its choice among the allowed tokens only."""
+        """One target pass, its choice among the allowed tokens only; where there is only one way on, that pass
+        feeds all of it instead (no choice to make: the target's logits are not needed), and all is committed."""
+        assert self.constraint is not None
+        if len(allowed) == 1 and len(run := self.constraint.forced(self.new_tokens)) > 1:
+            self.target.logits(self.seq, run[:-1])  # the next step feeds the last one, as after any commit
+            return self._commit(run, 0, 0, 1)
         row = self.target.logits(self.seq)[-1]
         return self._commit([allowed[int(row[allowed].argmax())]], 0, 0, 1)
 

@@ -8,20 +8,26 @@ import pytest
 
 from llm.constrain import ChoiceConstraint
 from llm.settings import DecodeSettings
+from llm.speculative import Generation
 from tests.conftest_llm import chat_ids, smollm_engine, smollm_fp32, smollm_with_cheap_draft
 
 QUESTION = "Name three colours of the rainbow."
 
 
-def decode(engine, settings, constraint=None, written: str = "") -> str:
-    """The reply to QUESTION (``written``: after this text, as if the reply had opened with it)."""
+def generate(engine, settings, constraint=None, written: str = "") -> Generation:
+    """The reply to QUESTION, generated (``written``: after this text, as if the reply had opened with it)."""
     tok = engine.tokenizer
     target, draft = engine.new_caches()
     prompt = chat_ids(tok, QUESTION) + (tok.encode(written, add_special_tokens=False) if written else [])
     gen = engine.generation(prompt, settings, target, draft, constraint)
     while not gen.done:
         gen.step()
-    return tok.decode([t for t in gen.new_tokens if t not in engine.stop_ids])
+    return gen
+
+
+def decode(engine, settings, constraint=None, written: str = "") -> str:
+    gen = generate(engine, settings, constraint, written)
+    return engine.tokenizer.decode([t for t in gen.new_tokens if t not in engine.stop_ids])
 
 
 @pytest.mark.parametrize("make, mode", [(smollm_engine, "ngram"), (smollm_with_cheap_draft, "draft")])
@@ -63,8 +69,11 @@ def test_an_opening_is_the_replys_first_text_and_the_rest_is_free(make, mode):
     engine = make(settings) if mode == "ngram" else make()
     opening = "Here are three:"  # not its own opening ("The rainbow is ..."): the constraint writes it
     constraint = ChoiceConstraint(engine.tokenizer, "[ACTION", [" home/a/set ON]"], [opening])
-    constrained = decode(engine, settings, constraint)
+    gen = generate(engine, settings, constraint)
+    constrained = engine.tokenizer.decode([t for t in gen.new_tokens if t not in engine.stop_ids])
     assert constrained.startswith(opening), constrained
-    assert constraint.used == len(engine.tokenizer.encode(opening, add_special_tokens=False))
+    opening_ids = engine.tokenizer.encode(opening, add_special_tokens=False)
+    assert constraint.used == len(opening_ids) > 1
+    assert gen.records[0].committed == opening_ids  # one way on: all of it in the first pass, not a pass a token
     after = decode(engine, settings.but(max_new_tokens=40 - constraint.used), written=opening)
     assert after.strip() and constrained[len(opening) :] == after  # what follows is the model's own, token for token
