@@ -428,6 +428,9 @@ def test_a_heard_command_without_a_request_word_is_confirmed_first_and_yes_does_
     assert home.grounding("Or our bedroom lamp off.", [], spoken=False)(BEDROOM, "OFF") is None
     assert home.grounding("Please, bedroom lamp off.", [], spoken=True)(BEDROOM, "OFF") is None
     assert home.grounding("Light up the bedroom lamp.", [], spoken=True)(BEDROOM, "ON") is None
+    # a value word requests only before the device's name: "is my ... garage door open" heard as "It's my ..."
+    assert home.grounding("Open the garage door.", [], spoken=True)(GARAGE, "OPEN") is None
+    assert home.grounding("It's my garage door open.", [], spoken=True)(GARAGE, "OPEN").asks_back  # type: ignore[union-attr]
     history = [{"role": "assistant", "content": "Do you want the bedroom lamp off?"}]
     assert home.follow_up("Yes.", history) == "Yes. (the bedroom lamp off)"
     assert home.grounding("Yes.", history, spoken=True)(BEDROOM, "OFF") is None

@@ -136,10 +136,16 @@ def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
     return f" {ASK_BACK} {device.name} {choices}?"
 
 
-def requests(heard: set[str], text: str) -> bool:
-    """The words ask for a deed with a word of REQUEST_WORDS ("turn", "please", "can"), or "light up": a heard
-    command without one ("Or our bedside lamp off.") may be a question that lost its first word."""
-    return bool(REQUEST_WORDS & heard) or "light up" in " ".join(words(text))
+def requests(text: str, device: HomeDevice) -> bool:
+    """The words ask for a deed on ``device`` with a word of REQUEST_WORDS ("turn", "please", "can"), or "light
+    up": a heard command without one ("Or our bedside lamp off.") may be a question that lost its first word. A
+    word that is also a value ("open", "lower") requests only before the device's name: "open the curtains", but
+    not "It's my living room curtains open." (measured: "is my ... curtains open" heard so, and opened)."""
+    said, name = words(text), words(device.name)
+    at = next((i for i in range(len(said)) if said[i : i + len(name)] == name), len(said))
+    values = set().union(*VALUE_WORDS.values())
+    asked = any(w in REQUEST_WORDS and (w not in values or i < at) for i, w in enumerate(said))
+    return asked or "light up" in " ".join(said)
 
 
 def asks_state(text: str) -> bool:
@@ -316,7 +322,7 @@ class Home:
                 if asked or any(w.isdigit() for w in heard_words):  # a value it cannot take ("25%"): no question
                     return Refusal(why)
                 return Refusal(why + ": asked back", ask_value(by_topic[topic]))
-            if spoken and not answered and topic in by_topic and not requests(heard_words, heard):
+            if spoken and not answered and topic in by_topic and not requests(heard, by_topic[topic]):
                 return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(by_topic[topic], [payload]))
             return None
 
