@@ -52,6 +52,7 @@ VALUE_WORDS = {
     "lock": frozenset({"lock", "locked"}),
     "unlock": frozenset({"unlock", "unlocked"}),
 }
+_ANY_VALUE_WORD = frozenset().union(*VALUE_WORDS.values())
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
 YES_WORDS = frozenset({"yes", "yeah", "yep", "sure", "ok", "okay", "correct", "right"})
 # Words that make a sentence a request (Home Assistant's command verbs, and asking politely); measured, 8 of the
@@ -143,8 +144,7 @@ def requests(text: str, device: HomeDevice) -> bool:
     not "It's my living room curtains open." (measured: "is my ... curtains open" heard so, and opened)."""
     said, name = words(text), words(device.name)
     at = next((i for i in range(len(said)) if said[i : i + len(name)] == name), len(said))
-    values = set().union(*VALUE_WORDS.values())
-    asked = any(w in REQUEST_WORDS and (w not in values or i < at) for i, w in enumerate(said))
+    asked = any(w in REQUEST_WORDS and (w not in _ANY_VALUE_WORD or i < at) for i, w in enumerate(said))
     return asked or "light up" in " ".join(said)
 
 
@@ -340,13 +340,13 @@ class Home:
         said, named = set(words(text)), self.named(text)
         if not self.grounded or len(named) != 1 or asks_state(text) or text.rstrip().endswith("?") or said & HEDGES:
             return []
-        device, values = named[0], asked_values(named[0].payloads, said)
-        if not values and not any(w.isdigit() for w in said):  # a value it cannot take ("25%"): no question
-            return [(device.topic, p) for p in device.payloads]
-        if len(values) != 1:
+        device = named[0]
+        asked = asked_values(device.payloads, said)
+        if len(asked) > 1:
             return []
-        refusal = self.grounding(heard, history, spoken)(device.topic, values[0])
-        return [(device.topic, values[0])] if refusal is None or refusal.asks_back else []
+        check = self.grounding(heard, history, spoken)
+        allowed = [(device.topic, p) for p in asked or device.payloads]
+        return [(t, p) for t, p in allowed if (refusal := check(t, p)) is None or refusal.asks_back]
 
     def set_state(self, state_topic: str, value: str) -> bool:
         """Keep a state topic's latest value; False when no device has that state topic."""
