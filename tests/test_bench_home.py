@@ -19,6 +19,7 @@ from voice.home_casefile import (
     DEFAULT_CASES,
     Case,
     CaseFileError,
+    Device,
     Result,
     answer_for,
     load_cases,
@@ -190,6 +191,11 @@ def test_a_question_back_is_answered_with_the_wanted_value_and_scored_after_the_
     assert answer_for(fifty, asked) == "Set it to 50 percent, please."
     assert answer_for(Case("x", None, "chitchat", {}), asked) is None  # no command wanted: nothing to answer
     assert answer_for(Case("fan", fan, "HassTurnOn", {}), Result("fan", fan, "x", [], [], "Done.", False)) is None
+    # a question about another device than the one meant (a misheard name, guessed) is answered no
+    devices = [Device("fan", "home/fan/set", ["ON", "OFF"]), Device("lamp", "home/lamp/set", ["ON", "OFF"])]
+    lamp = Result("fan", fan, "HassTurnOn", [], [], " Do you want the lamp on?", False)
+    assert answer_for(Case("fan", fan, "HassTurnOn", {}), lamp, devices) == "No."
+    assert answer_for(Case("fan", fan, "HassTurnOn", {}), asked, devices) == "Turn it on, please."
     asked.answer, asked.answer_published = "Turn it on, please.", [fan]
     assert asked.right_after_answer and not asked.right
     asked.published = [{"topic": "home/fan/set", "payload": "OFF"}]  # a wrong command at once is not mended

@@ -17,8 +17,9 @@ from llm.settings import DecodeSettings, Emission
 from voice.config import ConfigError, load_config
 from voice.config_speech import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, REFUSED_SPEECH, ActionParser, Refusal, action_tool
-from voice.dialog.home import Home, asks_state, constrained_commands
+from voice.dialog.home import Home, constrained_commands
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
+from voice.dialog.wording import asked_values, asks_state, words
 from voice.events import ActionRequested, ToolCallRequested
 from voice.latency import LatencyStats, LatencyTrace
 
@@ -439,3 +440,52 @@ def test_a_heard_command_without_a_request_word_is_confirmed_first_and_yes_does_
     assert home.follow_up("No.", history) == "No."  # nothing is done
     choice = [{"role": "assistant", "content": "Do you want the garage door open or closed?"}]
     assert home.follow_up("Yes.", choice) == "Yes."  # a yes to a choice chooses nothing
+
+
+def test_a_spoken_name_that_only_sounds_like_a_device_is_asked_back_and_yes_does_it(tmp_path):
+    """Whisper mishears names ("Close my garbage door.", "Tb socket"): spoken, the words that name no device but are
+    spelled like one name it, and the command is asked back; typed, or not like any one device, they name none."""
+    home = load(tmp_path)
+    heard = home.hear("Close my garbage door.", [], spoken=True)
+    assert heard.text == "Close my garbage door. (the garage door)" and heard.guessed is not None
+    check = home.grounding("Close my garbage door.", [], spoken=True)
+    assert check(GARAGE, "CLOSE") == Refusal(
+        "heard 'Close my garbage door. (the garage door)', not for certain: asked back",
+        " Do you want the garage door closed?",
+    )
+    assert home.opening("Close my garbage door.", [], spoken=True) == [(GARAGE, "CLOSE")]  # opens with the question
+    history = [{"role": "assistant", "content": "Do you want the garage door closed?"}]
+    assert home.grounding("Yes.", history, spoken=True)(GARAGE, "CLOSE") is None
+    assert home.grounding("Close my garbage door.", [], spoken=False)(GARAGE, "CLOSE") is not None  # typed: no guess
+    assert home.opening("Close my garbage door.", [], spoken=False) == []
+    for said in (
+        "The kitchen is a mess.",  # an area is no device
+        "Switch the aquarium light in my living room on.",  # not like any one device
+        "Is my garbage door closed?",  # a question never acts
+        "The garbage truck came.",  # asks for nothing
+    ):
+        assert not home.hear(said, [], spoken=True).guessed, said
+
+
+@pytest.mark.parametrize(
+    "said, values",
+    [
+        ("switch off our garage light on my garage", ["OFF"]),  # Home Assistant's "[in|on] <area>"
+        ("turn the kitchen light lamp on the kitchen to off", ["OFF"]),
+        ("set brightness on kitchen light 50", ["50"]),  # a number is a brightness: "on" is no other value
+        ("turn on the kitchen light", ["ON"]),
+        ("turn the kitchen light on and off", ["ON", "OFF"]),
+    ],
+)
+def test_on_before_a_place_asks_for_no_value(said, values):
+    assert asked_values(["ON", "OFF", "50"], words(said)) == values
+
+
+def test_spoken_words_that_ask_for_two_values_are_asked_back_typed_ones_left_to_the_model(tmp_path):
+    home = load(tmp_path)
+    said = "Turn the bedroom lamp on and off."
+    assert home.grounding(said, [], spoken=True)(BEDROOM, "OFF") == Refusal(
+        f"heard {said!r}, not for certain: asked back", " Do you want the bedroom lamp on or off?"
+    )
+    assert home.opening(said, [], spoken=True) == [(BEDROOM, "ON"), (BEDROOM, "OFF")]
+    assert home.opening(said, [], spoken=False) == [] and home.grounding(said)(BEDROOM, "OFF") is None

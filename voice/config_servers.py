@@ -92,7 +92,7 @@ def host_name() -> str:
     return name[:40] or "host"
 
 
-# A named device's payload must hold one of these (after casefold): the grounding's words (voice/dialog/home.py
+# A named device's payload must hold one of these (after casefold): the grounding's words (voice/dialog/wording.py
 # ``words``) are runs of them, and it sends a value only when the user's words ask for it.
 _ASKABLE = re.compile(r"[a-z0-9]")
 _IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)

@@ -226,11 +226,15 @@ _ANSWERS = {
 }
 
 
-def answer_for(case: Case, result: Result) -> str | None:
+def answer_for(case: Case, result: Result, devices: list[Device] | None = None) -> str | None:
     """What the user says back when a command case's reply asked back (voice/dialog/home.py ``ask_value``):
-    the value they wanted, alone. None when there is nothing to answer."""
+    the value they wanted, alone; "No." when the question names another of ``devices`` than the one they meant (a
+    name heard wrong and guessed, voice/dialog/home.py ``Home.hear``). None when there is nothing to answer."""
     if not case.expect or ASK_BACK.casefold() not in result.reply.casefold():
         return None
+    meant = next((d.name for d in devices or [] if d.topic == case.expect["topic"]), None)
+    if meant is not None and f"{ASK_BACK} {meant}".casefold() not in result.reply.casefold():
+        return "No."
     value = case.expect["payload"]
     return _ANSWERS.get(value.casefold(), f"Set it to {value}{' percent' if value.isdigit() else ''}, please.")
 

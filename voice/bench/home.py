@@ -252,14 +252,14 @@ async def bench(config: Any, argv: list[str]) -> int:
     results: list[Result] = []
     for case in tqdm(chosen, desc="text cases", unit="case", disable=None):
         results.append(result := await runner.run(case))
-        if (said := answer_for(case, result)) is not None:
+        if (said := answer_for(case, result, cases.devices)) is not None:
             await runner.answer(result, said)
     voices = spoken_voices(len(chosen[: args.spoken]), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(tqdm(chosen[: args.spoken], desc="spoken cases", unit="case", disable=None)):
             wav = speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav")
             results.append(result := await runner.run(case, wav))
-            if (said := answer_for(case, result)) is not None:
+            if (said := answer_for(case, result, cases.devices)) is not None:
                 await runner.answer(result, said, speak_case(assistant, said, voices[i], Path(tmp) / f"answer{i}.wav"))
     await runner.session.close()
     text = [r for r in results if not r.spoken]

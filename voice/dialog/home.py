@@ -15,7 +15,6 @@ every turn. The state goes into the user's message, and only when the words ask 
 from __future__ import annotations
 
 import json
-import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -29,61 +28,25 @@ from voice.dialog.actions import (
     action_tool,
     tool_instructions,
 )
+from voice.dialog.wording import (
+    HEDGES,
+    REQUEST_WORDS,
+    YES_WORDS,
+    asked_values,
+    asks_state,
+    plurals,
+    requests,
+    sounds_like,
+    words,
+)
 
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
 
-# A sentence that opens with one of these asks something; one that opens with a request ("can you", "please",
-# "turn") asks for a deed. "can"/"could"/"would" are requests in speech ("can you turn off the fan").
-_QUESTION_OPENERS = frozenset(
-    {"is", "are", "was", "were", "what", "whats", "which", "does", "do", "did", "has", "have", "how", "where"}
-)
-_STATE_WORDS = frozenset({"status", "state"})
-_TOKEN = re.compile(r"[a-z0-9]+")
 OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
-# The words that ask for a common value, as Home Assistant's sentences say them ("lower the blind", "deactivate the
-# fan", "light up the lamp"); any other value ("50", "heat") is asked for by its own words. All 270 commands of
-# configs/home_cases.json hold one for their value.
-VALUE_WORDS = {
-    "on": frozenset({"on", "activate", "enable", "start", "up"}),
-    "off": frozenset({"off", "deactivate", "disable", "stop"}),
-    "open": frozenset({"open", "raise", "lift", "up"}),
-    "close": frozenset({"close", "closed", "shut", "lower", "down"}),
-    "lock": frozenset({"lock", "locked"}),
-    "unlock": frozenset({"unlock", "unlocked"}),
-}
-_ANY_VALUE_WORD = frozenset().union(*VALUE_WORDS.values())
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
-YES_WORDS = frozenset({"yes", "yeah", "yep", "sure", "ok", "okay", "correct", "right"})
-# Words that make a sentence a request (Home Assistant's command verbs, and asking politely); measured, 8 of the
-# 270 commands of configs/home_cases.json hold none ("sprinkler on", "my tv socket to off").
-REQUEST_WORDS = frozenset(
-    {"turn", "switch", "set", "put", "make", "change", "bring", "activate", "deactivate", "enable", "disable"}
-    | {"start", "stop", "open", "close", "shut", "lower", "raise", "lift", "lock", "unlock", "dim", "brighten"}
-    | {"increase", "decrease", "reduce", "please", "can", "could", "would", "will", "want", "need", "let"}
-)
 _SAID = {"close": "closed", "lock": "locked", "unlock": "unlocked"}  # a value as the question back says it
-# Particles that ask for a value only when no other word asks for one of the device's values: Home Assistant's
-# "(close|shut|lower) [(up|down)]" says "lower up the garage door" for CLOSE, and "turn up the lamp to 50%" is 50.
-WEAK_VALUE_WORDS = frozenset({"up", "down"})
-# Words that make a command conditional, later or not wanted: the model reads those (``Home.opening``).
-HEDGES = frozenset({"not", "dont", "never", "if", "when", "after", "before", "until", "later", "tomorrow", "tonight"})
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
-
-
-def words(text: str) -> list[str]:
-    """Lower-case words without plural s ("lights" -> "light"), apostrophes dropped ("what's" -> "whats")."""
-    return [_singular(w) for w in _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))]
-
-
-def plurals(text: str) -> set[str]:
-    """The words said in the plural, in their singular form ("turn off the lights" -> {"light"})."""
-    raw = _TOKEN.findall(text.casefold().replace("'", "").replace("\u2019", ""))
-    return {_singular(w) for w in raw if _singular(w) != w}
-
-
-def _singular(word: str) -> str:
-    return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
 @dataclass(frozen=True)
@@ -110,22 +73,6 @@ class HomeDevice:
         return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
 
 
-def asks_for(value: str, heard: set[str], strong: bool = False) -> bool:
-    """The words ask for this value of a device: a word of VALUE_WORDS for it, else the value's own words.
-    ``strong``: only by a word that is not one of WEAK_VALUE_WORDS."""
-    cues = VALUE_WORDS.get(value.casefold())
-    if cues is None:
-        return bool(own := set(words(value))) and own <= heard
-    return bool((cues - WEAK_VALUE_WORDS if strong else cues) & heard)
-
-
-def asked_values(payloads: Iterable[str], heard: set[str]) -> list[str]:
-    """The device's values the words ask for: those a strong word asks for ("lower" in "lower up the blind"), or,
-    when there is none, those a weak one does ("light up the lamp")."""
-    payloads = list(payloads)
-    return [p for p in payloads if asks_for(p, heard, strong=True)] or [p for p in payloads if asks_for(p, heard)]
-
-
 def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
     """The question back when the words name a device but none of its values ("Sprinkler." for "sprinkler on",
     as tiny.en heard it): its word values, else all ("Do you want the garage door open or closed?"); or, with
@@ -137,21 +84,13 @@ def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
     return f" {ASK_BACK} {device.name} {choices}?"
 
 
-def requests(text: str, device: HomeDevice) -> bool:
-    """The words ask for a deed on ``device`` with a word of REQUEST_WORDS ("turn", "please", "can"), or "light
-    up": a heard command without one ("Or our bedside lamp off.") may be a question that lost its first word. A
-    word that is also a value ("open", "lower") requests only before the device's name: "open the curtains", but
-    not "It's my living room curtains open." (measured: "is my ... curtains open" heard so, and opened)."""
-    said, name = words(text), words(device.name)
-    at = next((i for i in range(len(said)) if said[i : i + len(name)] == name), len(said))
-    asked = any(w in REQUEST_WORDS and (w not in _ANY_VALUE_WORD or i < at) for i, w in enumerate(said))
-    return asked or "light up" in " ".join(said)
+@dataclass(frozen=True)
+class Heard:
+    """The user's words as the home reads them (``Home.hear``)."""
 
-
-def asks_state(text: str) -> bool:
-    """The words ask how things are ("is the garage door open", "which lights are on"), not for a change."""
-    w = words(text)
-    return bool(w) and (w[0] in _QUESTION_OPENERS or bool(_STATE_WORDS & set(w)))
+    text: str  # with the device (and value) of the question back they answer, or of the name they sound like
+    answered: bool = False  # they answer the last reply's question back (``follow_up``)
+    guessed: HomeDevice | None = None  # spoken, naming no device: the one they sound like; asked back, never done
 
 
 @dataclass
@@ -277,17 +216,34 @@ class Home:
             proposed = [p for p in d.payloads if asked.endswith(ask_value(d, [p]).strip())]
             if not proposed and not asked.endswith(ask_value(d).strip()):
                 continue
-            if asked_values(d.payloads, heard):  # "Off." to either question
+            if asked_values(d.payloads, words(text)):  # "Off." to either question
                 return f"{text} (the {d.name})"
             if proposed and YES_WORDS & heard:
                 return f"{text} (the {d.name}{ask_value(d, proposed).split(d.name, 1)[1].rstrip('?')})"
             return text
         return text
 
-    def annotate(self, text: str, history: Sequence[dict] = ()) -> str:
-        """The user's words as the model sees them: ``follow_up``, and with the state of the devices asked about
+    def hear(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Heard:
+        """The words as the grounding, the constrained decode and the model read them: an answer to the last
+        question back (``follow_up``); else, for spoken words that name no device, ask for something and ask
+        nothing about state, the device they sound like (``sounds_like``): "Close my garbage door. (the garage
+        door)", which the grounding asks back about before anything is done."""
+        answer = self.follow_up(text, history)
+        if answer != text:
+            return Heard(answer, answered=True)
+        said = words(text)
+        names = [d.name for d in self.devices]
+        if not spoken or self.named(text) or asks_state(text) or (at := sounds_like(said, names)) is None:
+            return Heard(text)
+        guess = self.devices[at]
+        if not (asked_values(guess.payloads, said) or REQUEST_WORDS & set(said)):
+            return Heard(text)
+        return Heard(f"{text} (the {guess.name})", guessed=guess)
+
+    def annotate(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> str:
+        """The user's words as the model sees them: ``hear``, and with the state of the devices asked about
         when the words ask about state (the named devices, else those of the kind named: "which lights are on")."""
-        text = self.follow_up(text, history)
+        text = self.hear(text, history, spoken).text
         if not asks_state(text):
             return text
         shown = [d for d in self.named(text) if d.state_topic]
@@ -302,12 +258,12 @@ class Home:
 
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
         """A check for ActionParser: None when the user's words (``follow_up``) ask for this action, else why not.
-        A device named with none of its values is asked back about (``ask_value``); so is a ``spoken`` command
-        without a request word (``requests``), which may be a question heard without its first word."""
-        answer = self.follow_up(heard, history)
-        answered, heard = answer != heard, answer
-        question, heard_words = asks_state(heard), set(words(heard))
-        named = {d.topic for d in self.named(heard)}
+        A device named with none of its values is asked back about (``ask_value``). So is a ``spoken`` command
+        that the words only sound like (``hear``), that asks for two values, or that has no request word
+        (``requests``): it may be a question heard without its first word."""
+        h = self.hear(heard, history, spoken)
+        heard, said = h.text, words(h.text)
+        question, named = asks_state(heard), {d.topic for d in self.named(heard)}
         by_topic = {d.topic: d for d in self.devices}
 
         def check(topic: str, payload: str) -> Refusal | None:
@@ -315,15 +271,21 @@ class Home:
                 return None
             if question:
                 return Refusal("the user asked a question, not for a change (a question about state never acts)")
-            if topic in by_topic and topic not in named:
-                return Refusal(f"the user's words do not name the {by_topic[topic].name!r}")
-            if topic in by_topic and payload not in (asked := asked_values(by_topic[topic].payloads, heard_words)):
+            if (device := by_topic.get(topic)) is None:
+                return None  # an allow-listed topic without a name: the allow-list alone decides
+            if topic not in named:
+                return Refusal(f"the user's words do not name the {device.name!r}")
+            if payload not in (asked := asked_values(device.payloads, said)):
                 why = f"the user's words do not ask for {payload!r} (heard as {heard!r})"
-                if asked or any(w.isdigit() for w in heard_words):  # a value it cannot take ("25%"): no question
+                if asked or any(w.isdigit() for w in said):  # a value it cannot take ("25%"): no question
                     return Refusal(why)
-                return Refusal(why + ": asked back", ask_value(by_topic[topic]))
-            if spoken and not answered and topic in by_topic and not requests(heard, by_topic[topic]):
-                return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(by_topic[topic], [payload]))
+                return Refusal(why + ": asked back", ask_value(device))
+            if not spoken or h.answered:
+                return None
+            if h.guessed == device or len(asked) > 1:
+                return Refusal(f"heard {heard!r}, not for certain: asked back", ask_value(device, asked))
+            if not requests(heard, device.name):
+                return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(device, [payload]))
             return None
 
         return check
@@ -336,13 +298,14 @@ class Home:
         its values: the grounding turns the one written into the question back, ``ask_value``). Else []: the
         model decides. Measured on configs/home_cases.json: 249 of its 270 commands open with their command, none
         wrong, and none of the 142 other cases opens with anything."""
-        text = self.follow_up(heard, history)
-        said, named = set(words(text)), self.named(text)
-        if not self.grounded or len(named) != 1 or asks_state(text) or text.rstrip().endswith("?") or said & HEDGES:
+        text = self.hear(heard, history, spoken).text
+        said, named = words(text), self.named(text)
+        hedged = HEDGES & set(said) or text.rstrip().endswith("?")
+        if not self.grounded or len(named) != 1 or asks_state(text) or hedged:
             return []
         device = named[0]
         asked = asked_values(device.payloads, said)
-        if len(asked) > 1:
+        if len(asked) > 1 and not spoken:  # spoken, the grounding asks which
             return []
         check = self.grounding(heard, history, spoken)
         allowed = [(device.topic, p) for p in asked or device.payloads]
@@ -412,18 +375,19 @@ def action_setup(
     )
 
 
-def constrained_commands(home: Home | None, text: str, history: Sequence[dict] = ()) -> dict[str, list[str]]:
+def constrained_commands(
+    home: Home | None, text: str, history: Sequence[dict] = (), spoken: bool = False
+) -> dict[str, list[str]]:
     """What a constrained action may say (mqtt.action_format = "constrained"): each value the words (``follow_up``)
     ask for of each device they name; none for a state question, or without named devices (the reply is then free,
     and the parser refuses what comes). Never the whole allow-list: a marker the model began for a topic off the
     list ("[ACTION home/front_door/lock/set") would be made into an allowed command instead of refused."""
     if home is None:
         return {}
-    text = home.follow_up(text, history)
+    text = home.hear(text, history, spoken).text
     if asks_state(text) or not home.grounded:
         return {} if home.grounded else home.allowed
-    heard = set(words(text))
-    asked = {d.topic: asked_values(d.payloads, heard) for d in home.named(text)}
+    asked = {d.topic: asked_values(d.payloads, words(text)) for d in home.named(text)}
     return {topic: values for topic, values in asked.items() if values}
 
 
@@ -432,7 +396,7 @@ def marker_choices(
 ) -> tuple[list[str], list[str]]:
     """For the constrained format: what may follow "[ACTION" (``constrained_commands``), and the markers one of
     which the reply must open with (``Home.opening``; none: it opens freely)."""
-    commands = constrained_commands(home, text, history)
+    commands = constrained_commands(home, text, history, spoken)
     opening = home.opening(text, history, spoken) if home is not None else []
     choices = [f" {topic} {p}]" for topic, payloads in commands.items() for p in payloads]
     return choices, [f"[{KEYWORD} {topic} {p}]" for topic, p in opening]

@@ -65,16 +65,13 @@ class TurnContext:
         return Chunker.from_config(self.tts_config)
 
 
-def asked(ctx: TurnContext, text: str) -> str:
-    """The user's words as the model gets them: with the state of the devices asked about, when they ask."""
-    return ctx.home.annotate(text, ctx.conversation.messages) if ctx.home is not None and text else text
-
-
-def constrain(ctx: TurnContext, text: str, spoken: bool) -> None:
-    """In the constrained format, after "[ACTION" the reply can only go on with a command the grounding would let
+def asked(ctx: TurnContext, text: str, spoken: bool) -> str | None:
+    """The user's words as the model gets them: with the state of the devices asked about, when they ask. In the
+    constrained format, after "[ACTION" the reply can then only go on with a command the grounding would let
     through, and a command the words decide alone opens it (``marker_choices``); a remote model has no ``constrain``."""
     if ctx.constrained and ctx.allowed_actions and (set_up := getattr(ctx.conversation, "constrain", None)):
         set_up(f"[{KEYWORD}", *marker_choices(ctx.home, text, ctx.conversation.messages, spoken))
+    return (ctx.home.annotate(text, ctx.conversation.messages, spoken) if ctx.home is not None else text) or None
 
 
 Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
@@ -110,8 +107,7 @@ class EarlyReply:
         ctx = self.ctx
         await ctx.generation_lock.acquire()
         try:
-            constrain(ctx, self.text, spoken=True)  # as the turn that adopts it would have
-            stream = ctx.conversation.reply(asked(ctx, self.text), ctx.decode, commit=False)
+            stream = ctx.conversation.reply(asked(ctx, self.text, spoken=True), ctx.decode, commit=False)
             try:
                 async for emission in stream:
                     self._queue.put_nowait(emission)
@@ -354,8 +350,8 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        constrain(self.ctx, self.text, spoken=self.utterance is not None)
-        stream = self.ctx.conversation.reply(asked(self.ctx, self.text) or None, self.ctx.decode, commit=False)
+        prompt = asked(self.ctx, self.text, spoken=self.utterance is not None)
+        stream = self.ctx.conversation.reply(prompt, self.ctx.decode, commit=False)
         try:
             async for emission in stream:
                 yield emission
