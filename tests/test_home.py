@@ -489,3 +489,33 @@ def test_spoken_words_that_ask_for_two_values_are_asked_back_typed_ones_left_to_
     )
     assert home.opening(said, [], spoken=True) == [(BEDROOM, "ON"), (BEDROOM, "OFF")]
     assert home.opening(said, [], spoken=False) == [] and home.grounding(said)(BEDROOM, "OFF") is None
+
+
+def test_after_a_question_back_the_recogniser_may_choose_among_its_answers(tmp_path):
+    home = load(tmp_path)
+    choice = [{"role": "assistant", "content": "Done. Do you want the garage door open or closed?"}]
+    assert home.asked_back(choice) == (home.devices[3], ["OPEN", "CLOSE"])
+    proposed = [{"role": "assistant", "content": "Do you want the kitchen light set to 50?"}]
+    assert home.asked_back(proposed) == (home.devices[0], ["50"])
+    assert home.follow_up("Yes.", proposed) == "Yes. (the kitchen light set to 50)"
+    assert home.asked_back([{"role": "assistant", "content": "The garage door is open."}]) is None
+    # heard as nothing that answers: the question's values said the common ways, and no
+    answers = home.answers("Go say it, please.", choice)
+    assert answers[:3] == ["Open.", "Open, please.", "Open it."] and "Close it, please." in answers
+    assert "Closed." in answers and answers[-2:] == ["No.", "No, thanks."] and "Yes." not in answers
+    assert "Yes, please." in home.answers("Yet peace.", proposed)
+    assert "Set it to 50 percent." in home.answers("Yet peace.", proposed)
+    for heard in ("Close it.", "No, leave it.", "Open the kitchen light."):  # an answer, a no, a new command
+        assert home.answers(heard, choice) == [], heard
+    assert home.answers("Go say it, please.", []) == []
+
+
+def test_a_spoken_command_that_names_another_area_is_asked_back(tmp_path):
+    """Whisper, hinted with the device names, heard "switch on the living room aquarium light" (not listed) as
+    "Switch on the Living room, Bedroom light light.": a device and another area's name are confirmed first."""
+    home = load(tmp_path)
+    said = "Switch on the kitchen, bedroom lamp lamp."
+    refusal = home.grounding(said, [], spoken=True)(BEDROOM, "ON")
+    assert refusal is not None and refusal.speech == " Do you want the bedroom lamp on?"
+    assert home.grounding("Switch on the bedroom lamp in the bedroom.", [], spoken=True)(BEDROOM, "ON") is None
+    assert home.grounding(said, [], spoken=False)(BEDROOM, "ON") is None  # typed: as written

@@ -365,3 +365,21 @@ def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
     invented = [Word(" Music.", speech_end + 0.3, speech_end + 0.8)]
     assert drop_unheard_tail(said + invented, audio) == said
     assert drop_unheard_tail(said, audio) == said
+
+
+async def test_an_expected_answer_is_chosen_only_when_the_audio_fits_it_about_as_well_as_whisper_s_own_words(stt):
+    """After a question back, the recogniser may choose among the expected answers (Home.answers): an answer that
+    Whisper wrote as something else is taken, the right one of two values; other speech keeps its own words."""
+    expected = ["Turn it on, please.", "Turn it off, please.", "On.", "Off.", "No.", "No, thanks."]
+    off = np.concatenate([espeak("Turn it off, please."), silence(300)])
+    stream = stt.stream()
+    stream.add(off)
+    # words a voice might be heard as: the audio fits "Turn it off, please." far better
+    assert await stream.choose("Tommy tough, please.", expected) == "Turn it off, please."
+    other = np.concatenate([piper("What time is it?"), silence(300)])
+    stream = stt.stream()
+    stream.add(other)
+    text = await stream.final()
+    assert wer("What time is it?", text) <= 0.25, text
+    assert await stream.choose(text, expected) == text  # not an answer: no expected one fits it as well
+    assert await stream.choose(text, []) == text

@@ -17,7 +17,7 @@ How one reply is decoded is plain data, the same for every engine: ``llm.setting
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterable
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -82,6 +82,7 @@ class Transcription(Protocol):
         self, *, style: str | None = None, final_beam: bool = False, min_new_s: float = ...
     ) -> str | None: ...
     async def final(self) -> str: ...
+    async def choose(self, text: str, expected: Sequence[str]) -> str: ...
 
 
 class SpeechRecognizer(Protocol):

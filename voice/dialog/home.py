@@ -79,9 +79,27 @@ def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
     ``values``, whether those are wanted ("Do you want the bedroom fan on?")."""
     if values is None:
         values = [p for p in device.payloads if not p.isdigit()] or device.payloads
-    said = [f"set to {p}" if p.isdigit() else _SAID.get(p.casefold(), p.casefold()) for p in values]
+    said = [_say(p) for p in values]
     choices = f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else said[0]
     return f" {ASK_BACK} {device.name} {choices}?"
+
+
+def _say(value: str) -> str:
+    """A value as the question back says it ("closed", "set to 50")."""
+    return f"set to {value}" if value.isdigit() else _SAID.get(value.casefold(), value.casefold())
+
+
+def answer_forms(value: str) -> list[str]:
+    """The common ways to answer a question back with ``value`` ("On.", "Turn it on, please.", "Close it.", "Set
+    it to 50 percent."): what the recogniser chooses among when it heard an answer as nothing (``Home.answers``)."""
+    v = value.casefold()
+    if v.isdigit():
+        phrases = [f"{v} percent", f"Set it to {v} percent"]
+    elif v in ("on", "off"):
+        phrases = [v.capitalize(), f"Turn it {v}", f"Switch it {v}"]
+    else:
+        phrases = [_say(v).capitalize(), f"{v.capitalize()} it"]
+    return [f"{p}{end}" for p in phrases for end in (".", ", please.")]
 
 
 @dataclass(frozen=True)
@@ -203,25 +221,53 @@ class Home:
         heard, many = set(words(text)), plurals(text)
         return [d for d in self.devices if d.named_in(heard, many)]
 
+    def elsewhere(self, said: Sequence[str], device: HomeDevice) -> bool:
+        """The words name an area the device is not in: "Switch on the Living room, Bedroom light light." was
+        heard for the aquarium light in the living room (not a listed device; the hint's names drew Whisper)."""
+        own = set(words(device.name)) | set(words(device.area or ""))
+        areas = {d.area for d in self.devices if d.area}
+        return any(set(place) <= set(said) and not set(place) <= own for place in map(words, areas))
+
     def follow_up(self, text: str, history: Sequence[dict] = ()) -> str:
         """The user's words, with the device the last reply asked about (``ask_value``) when they answer it and
         name no device of their own: "On." after "Do you want the sprinkler on or off?" is "On. (the sprinkler)",
         "Yes." after "Do you want the fan on?" is "Yes. (the fan on)"; that names it (and the value) for the
         grounding, the constrained decode and the model alike."""
-        last = history[-1] if history else {}
-        if last.get("role") != "assistant" or not isinstance(last.get("content"), str) or self.named(text):
+        if (asked := self.asked_back(history)) is None or self.named(text):
             return text
-        asked, heard = last["content"].rstrip(), set(words(text))
-        for d in self.devices:
-            proposed = [p for p in d.payloads if asked.endswith(ask_value(d, [p]).strip())]
-            if not proposed and not asked.endswith(ask_value(d).strip()):
-                continue
-            if asked_values(d.payloads, words(text)):  # "Off." to either question
-                return f"{text} (the {d.name})"
-            if proposed and YES_WORDS & heard:
-                return f"{text} (the {d.name}{ask_value(d, proposed).split(d.name, 1)[1].rstrip('?')})"
-            return text
+        device, values = asked
+        if asked_values(device.payloads, words(text)):  # "Off." to either question
+            return f"{text} (the {device.name})"
+        if len(values) == 1 and YES_WORDS & set(words(text)):
+            return f"{text} (the {device.name} {_say(values[0])})"
         return text
+
+    def asked_back(self, history: Sequence[dict]) -> tuple[HomeDevice, list[str]] | None:
+        """The device the last reply ended by asking about (``ask_value``), and the values the question named (one:
+        "do you want it on?", which "yes" answers; more: which of them); None when it asked nothing."""
+        last = history[-1] if history else {}
+        content = last.get("content") if last.get("role") == "assistant" else None
+        if not isinstance(content, str) or not content.rstrip().endswith("?") or ASK_BACK not in content:
+            return None
+        question = content[content.rfind(ASK_BACK) + len(ASK_BACK) :]
+        for device in sorted(self.devices, key=lambda d: -len(d.name)):
+            if question.startswith(f" {device.name} "):
+                said = f" {' '.join(words(question[len(device.name) + 1 :]))} "
+                return device, [p for p in device.payloads if f" {' '.join(words(_say(p)))} " in said]
+        return None
+
+    def answers(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
+        """What a short answer to the last question back may be, for the recogniser to choose among when the words
+        it heard answer nothing (no value, no yes, no no, no device): tiny.en heard "Turn it on, please." as "Tommy
+        tongue, please." in one espeak-ng voice every time. The values the question named (``answer_forms``), yes
+        when it named one, and no. [] when there was no question back or the words answer it."""
+        if (asked := self.asked_back(history)) is None or self.follow_up(heard, history) != heard:
+            return []
+        if self.named(heard) or {"no", "nope", "not", "dont"} & set(words(heard)):
+            return []
+        values = asked[1]
+        yes = ["Yes.", "Yes, please."] if len(values) == 1 else []
+        return [*(form for v in values for form in answer_forms(v)), *yes, "No.", "No, thanks."]
 
     def hear(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Heard:
         """The words as the grounding, the constrained decode and the model read them: an answer to the last
@@ -232,8 +278,8 @@ class Home:
         if answer != text:
             return Heard(answer, answered=True)
         said = words(text)
-        names = [d.name for d in self.devices]
-        if not spoken or self.named(text) or asks_state(text) or (at := sounds_like(said, names)) is None:
+        names = tuple(d.name for d in self.devices)
+        if not spoken or self.named(text) or asks_state(text) or (at := sounds_like(tuple(said), names)) is None:
             return Heard(text)
         guess = self.devices[at]
         if not (asked_values(guess.payloads, said) or REQUEST_WORDS & set(said)):
@@ -259,8 +305,9 @@ class Home:
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
         """A check for ActionParser: None when the user's words (``follow_up``) ask for this action, else why not.
         A device named with none of its values is asked back about (``ask_value``). So is a ``spoken`` command
-        that the words only sound like (``hear``), that asks for two values, or that has no request word
-        (``requests``): it may be a question heard without its first word."""
+        that the words only sound like (``hear``), that asks for two values, that names another area
+        (``elsewhere``), or that has no request word (``requests``): it may be a question heard without its first
+        word."""
         h = self.hear(heard, history, spoken)
         heard, said = h.text, words(h.text)
         question, named = asks_state(heard), {d.topic for d in self.named(heard)}
@@ -282,7 +329,7 @@ class Home:
                 return Refusal(why + ": asked back", ask_value(device))
             if not spoken or h.answered:
                 return None
-            if h.guessed == device or len(asked) > 1:
+            if h.guessed == device or len(asked) > 1 or self.elsewhere(said, device):
                 return Refusal(f"heard {heard!r}, not for certain: asked back", ask_value(device, asked))
             if not requests(heard, device.name):
                 return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(device, [payload]))

@@ -323,6 +323,8 @@ class Turn:
         try:
             async with asyncio.timeout(ctx.stt_timeout_s):
                 text = " ".join([t for u in [*self.before, utterance] if (t := await u.final())])
+                if not self.before and ctx.home and (expected := ctx.home.answers(text, ctx.conversation.messages)):
+                    text = await utterance.stream.choose(text, expected)  # an answer to a question back
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             ctx.emit(TurnError(trace.turn_id, "stt", message))
