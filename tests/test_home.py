@@ -519,3 +519,19 @@ def test_a_spoken_command_that_names_another_area_is_asked_back(tmp_path):
     assert refusal is not None and refusal.speech == " Do you want the bedroom lamp on?"
     assert home.grounding("Switch on the bedroom lamp in the bedroom.", [], spoken=True)(BEDROOM, "ON") is None
     assert home.grounding(said, [], spoken=False)(BEDROOM, "ON") is None  # typed: as written
+
+
+def test_a_question_back_says_the_devices_state_first_when_one_has_come(tmp_path):
+    """ "are our bedroom lamp off" heard as "Or our bedroom lamp off." is confirmed as a command; the state it may
+    have asked for is said first, and "Yes." still does the command."""
+    home = load(tmp_path)
+    home.set_state("home/bedroom/lamp/state", "ON")
+    question = " The bedroom lamp is on. Do you want the bedroom lamp off?"
+    assert home.grounding("Or our bedroom lamp off.", [], spoken=True)(BEDROOM, "OFF") == Refusal(
+        "heard no request word in 'Or our bedroom lamp off.': asked back", question
+    )
+    history = [{"role": "assistant", "content": question.strip()}]
+    assert home.grounding("Yes.", history, spoken=True)(BEDROOM, "OFF") is None
+    assert home.ask(home.devices[1]) == " Do you want the counter lights on or off?"  # no state has come
+    home.set_state("home/kitchen/light/state", "OFF")
+    assert home.ask(home.devices[0], ["ON"]) == " The kitchen light is off. Do you want the kitchen light on?"

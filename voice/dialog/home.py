@@ -221,6 +221,13 @@ class Home:
         heard, many = set(words(text)), plurals(text)
         return [d for d in self.devices if d.named_in(heard, many)]
 
+    def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
+        """The question back (``ask_value``), after the device's state when one has come: words heard without their
+        question word ("Or our bedside lamp off." for "are our bedside lamp off") may have asked for it."""
+        state = self.states.get(device.state_topic or "")
+        said = f" The {device.name} {'are' if device.name.endswith('s') else 'is'} {state.casefold()}." if state else ""
+        return said + ask_value(device, values)
+
     def elsewhere(self, said: Sequence[str], device: HomeDevice) -> bool:
         """The words name an area the device is not in: "Switch on the Living room, Bedroom light light." was
         heard for the aquarium light in the living room (not a listed device; the hint's names drew Whisper)."""
@@ -326,13 +333,13 @@ class Home:
                 why = f"the user's words do not ask for {payload!r} (heard as {heard!r})"
                 if asked or any(w.isdigit() for w in said):  # a value it cannot take ("25%"): no question
                     return Refusal(why)
-                return Refusal(why + ": asked back", ask_value(device))
+                return Refusal(why + ": asked back", self.ask(device))
             if not spoken or h.answered:
                 return None
             if h.guessed == device or len(asked) > 1 or self.elsewhere(said, device):
-                return Refusal(f"heard {heard!r}, not for certain: asked back", ask_value(device, asked))
+                return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, asked))
             if not requests(heard, device.name):
-                return Refusal(f"heard no request word in {heard!r}: asked back", ask_value(device, [payload]))
+                return Refusal(f"heard no request word in {heard!r}: asked back", self.ask(device, [payload]))
             return None
 
         return check
