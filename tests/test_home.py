@@ -505,6 +505,7 @@ def test_after_a_question_back_the_recogniser_may_choose_among_its_answers(tmp_p
     assert "Closed." in answers and answers[-2:] == ["No.", "No, thanks."] and "Yes." not in answers
     assert "Yes, please." in home.answers("Yet peace.", proposed)
     assert "Set it to 50 percent." in home.answers("Yet peace.", proposed)
+    assert "Turn it off, please." in home.answers("Yet peace.", proposed)  # another of its values answers it too
     for heard in ("Close it.", "No, leave it.", "Open the kitchen light."):  # an answer, a no, a new command
         assert home.answers(heard, choice) == [], heard
     assert home.answers("Go say it, please.", []) == []

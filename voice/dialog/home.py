@@ -266,14 +266,16 @@ class Home:
     def answers(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
         """What a short answer to the last question back may be, for the recogniser to choose among when the words
         it heard answer nothing (no value, no yes, no no, no device): tiny.en heard "Turn it on, please." as "Tommy
-        tongue, please." in one espeak-ng voice every time. The values the question named (``answer_forms``), yes
-        when it named one, and no. [] when there was no question back or the words answer it."""
+        tongue, please." in one espeak-ng voice every time. The values the question named and the device's word
+        values (``answer_forms``), yes when it named one, and no. [] when there was no question back or the words
+        answer it."""
         if (asked := self.asked_back(history)) is None or self.follow_up(heard, history) != heard:
             return []
         if self.named(heard) or {"no", "nope", "not", "dont"} & set(words(heard)):
             return []
-        values = asked[1]
-        yes = ["Yes.", "Yes, please."] if len(values) == 1 else []
+        device, named = asked  # any of its word values answers too: "Turn it off." to "Do you want it on?"
+        values = dict.fromkeys([*named, *(p for p in device.payloads if not p.isdigit())])
+        yes = ["Yes.", "Yes, please."] if len(named) == 1 else []
         return [*(form for v in values for form in answer_forms(v)), *yes, "No.", "No, thanks."]
 
     def hear(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Heard:
