@@ -432,6 +432,9 @@ def test_a_heard_command_without_a_request_word_is_confirmed_first_and_yes_does_
     # a value word requests only before the device's name: "is my ... garage door open" heard as "It's my ..."
     assert home.grounding("Open the garage door.", [], spoken=True)(GARAGE, "OPEN") is None
     assert home.grounding("It's my garage door open.", [], spoken=True)(GARAGE, "OPEN").asks_back  # type: ignore[union-attr]
+    # ... and only for a value the device has: "are there our office light off" heard as "Add the lower office ..."
+    assert home.grounding("Add the lower bedroom lamp off.", [], spoken=True)(BEDROOM, "OFF").asks_back  # type: ignore[union-attr]
+    assert home.grounding("Lower the garage door.", [], spoken=True)(GARAGE, "CLOSE") is None
     history = [{"role": "assistant", "content": "Do you want the bedroom lamp off?"}]
     assert home.follow_up("Yes.", history) == "Yes. (the bedroom lamp off)"
     assert home.grounding("Yes.", history, spoken=True)(BEDROOM, "OFF") is None

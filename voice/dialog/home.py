@@ -340,7 +340,7 @@ class Home:
                 return None
             if h.guessed == device or len(asked) > 1 or self.elsewhere(said, device):
                 return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, asked))
-            if not requests(heard, device.name):
+            if not requests(heard, device.name, device.payloads):
                 return Refusal(f"heard no request word in {heard!r}: asked back", self.ask(device, [payload]))
             return None
 

@@ -115,14 +115,16 @@ def _ratio(a: str, b: str) -> float:
     return difflib.SequenceMatcher(None, a, b).ratio()
 
 
-def requests(text: str, device: str) -> bool:
+def requests(text: str, device: str, payloads: Iterable[str]) -> bool:
     """The words ask for a deed on the device named ``device`` with a word of REQUEST_WORDS ("turn", "please",
     "can"), or "light up": a heard command without one ("Or our bedside lamp off.") may be a question that lost
-    its first word. A word that is also a value ("open", "lower") requests only before the device's name: "open
-    the curtains", but not "It's my living room curtains open." (measured: "is my ... curtains open" heard so)."""
+    its first word. A word that is also a value ("open", "lower") requests only before the device's name and only
+    a value the device has: "open the curtains", but not "It's my living room curtains open." nor "Add the lower
+    office light off." (measured: "is my ... curtains open" and "are there our office light off" heard so)."""
     said, name = words(text), words(device)
     at = next((i for i in range(len(said)) if said[i : i + len(name)] == name), len(said))
-    asked = any(w in REQUEST_WORDS and (w not in _ANY_VALUE_WORD or i < at) for i, w in enumerate(said))
+    own = frozenset().union(*(VALUE_WORDS.get(p.casefold(), frozenset()) for p in payloads))
+    asked = any(w in REQUEST_WORDS and (w not in _ANY_VALUE_WORD or (i < at and w in own)) for i, w in enumerate(said))
     return asked or "light up" in " ".join(said)
 
 
