@@ -478,6 +478,7 @@ def test_a_spoken_name_that_only_sounds_like_a_device_is_asked_back_and_yes_does
         ("set brightness on kitchen light 50", ["50"]),  # a number is a brightness: "on" is no other value
         ("turn on the kitchen light", ["ON"]),
         ("turn the kitchen light on and off", ["ON", "OFF"]),
+        ("turn on the kitchen light and turn off the fan", ["ON", "OFF"]),  # a verb's "on" is no place
     ],
 )
 def test_on_before_a_place_asks_for_no_value(said, values):
@@ -523,6 +524,11 @@ def test_a_spoken_command_that_names_another_area_is_asked_back(tmp_path):
     assert refusal is not None and refusal.speech == " Do you want the bedroom lamp on?"
     assert home.grounding("Switch on the bedroom lamp in the bedroom.", [], spoken=True)(BEDROOM, "ON") is None
     assert home.grounding(said, [], spoken=False)(BEDROOM, "ON") is None  # typed: as written
+    both = "Turn on the kitchen light. And the bedroom lamp too."  # two devices: both their areas
+    assert home.grounding(both, [], spoken=True)(BEDROOM, "ON") is None
+    mixed = "Turn on the kitchen light and turn off the bedroom lamp."  # two values, one for each device
+    assert home.grounding(mixed, [], spoken=True)(KITCHEN, "ON") is None
+    assert home.grounding(mixed, [], spoken=True)(BEDROOM, "OFF") is None
 
 
 def test_a_question_back_says_the_devices_state_first_when_one_has_come(tmp_path):

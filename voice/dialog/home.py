@@ -228,10 +228,11 @@ class Home:
         said = f" The {device.name} {'are' if device.name.endswith('s') else 'is'} {state.casefold()}." if state else ""
         return said + ask_value(device, values)
 
-    def elsewhere(self, said: Sequence[str], device: HomeDevice) -> bool:
-        """The words name an area the device is not in: "Switch on the Living room, Bedroom light light." was
-        heard for the aquarium light in the living room (not a listed device; the hint's names drew Whisper)."""
-        own = set(words(device.name)) | set(words(device.area or ""))
+    def elsewhere(self, said: Sequence[str], named: Iterable[HomeDevice]) -> bool:
+        """The words name an area that none of the devices they name is in or named after: "Switch on the Living
+        room, Bedroom light light." was heard for the aquarium light in the living room (not a listed device; the
+        hint's names drew Whisper). "... kitchen light and the hallway light" names both of theirs."""
+        own = {w for d in named for w in [*words(d.name), *words(d.area or "")]}
         areas = {d.area for d in self.devices if d.area}
         return any(set(place) <= set(said) and not set(place) <= own for place in map(words, areas))
 
@@ -319,8 +320,8 @@ class Home:
         word."""
         h = self.hear(heard, history, spoken)
         heard, said = h.text, words(h.text)
-        question, named = asks_state(heard), {d.topic for d in self.named(heard)}
-        by_topic = {d.topic: d for d in self.devices}
+        question, devices = asks_state(heard), self.named(heard)
+        named, by_topic = {d.topic for d in devices}, {d.topic: d for d in self.devices}
 
         def check(topic: str, payload: str) -> Refusal | None:
             if not self.grounded:
@@ -338,7 +339,8 @@ class Home:
                 return Refusal(why + ": asked back", self.ask(device))
             if not spoken or h.answered:
                 return None
-            if h.guessed == device or len(asked) > 1 or self.elsewhere(said, device):
+            two = len(asked) > 1 and len(devices) == 1  # "turn on the lamp and off the fan" asks for each one
+            if h.guessed == device or two or self.elsewhere(said, devices):
                 return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, asked))
             if not requests(heard, device.name, device.payloads):
                 return Refusal(f"heard no request word in {heard!r}: asked back", self.ask(device, [payload]))

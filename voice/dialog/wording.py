@@ -76,11 +76,13 @@ def asks_for(value: str, heard: set[str], strong: bool = False) -> bool:
 def asked_values(payloads: Iterable[str], said: Sequence[str]) -> list[str]:
     """The device's values the words (in order) ask for: those a strong word asks for ("lower" in "lower up the
     blind"), or, when there is none, those a weak one does ("light up the lamp"). Where they ask for more, an "on"
-    before "the"/"my" is a place ("switch off the light on my bedroom": OFF), and a number is a brightness, which
-    "on" does not contradict ("set brightness on kitchen light 50": 50), as Home Assistant's sentences say them."""
+    before "the"/"my" and after no request verb is a place ("switch off the light on my bedroom": OFF), and a
+    number is a brightness, which "on" does not contradict ("set brightness on kitchen light 50": 50), as Home
+    Assistant's sentences say them."""
     payloads, heard = list(payloads), set(said)
     found = [p for p in payloads if asks_for(p, heard, strong=True)] or [p for p in payloads if asks_for(p, heard)]
-    places = [nxt in _PLACE_WORDS for w, nxt in zip(said, [*said[1:], ""], strict=True) if w == "on"]
+    around = zip(["", *said[:-1]], said, [*said[1:], ""], strict=True)  # "turn on the lamp": a verb's "on" is none
+    places = [nxt in _PLACE_WORDS and before not in REQUEST_WORDS for before, w, nxt in around if w == "on"]
     if len(found) > 1 and places and all(places):
         found = asked_values(payloads, [w for w in said if w != "on"]) or found
     if len(found) > 1 and any(p.isdigit() for p in found):
