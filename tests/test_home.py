@@ -17,7 +17,7 @@ from llm.settings import DecodeSettings, Emission
 from voice.config import ConfigError, load_config
 from voice.config_speech import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, REFUSED_SPEECH, ActionParser, Refusal, action_tool
-from voice.dialog.home import Home, constrained_commands
+from voice.dialog.home import Home, constrained_commands, guessed_as
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.dialog.wording import asked_values, asks_state, words
 from voice.events import ActionRequested, ToolCallRequested
@@ -545,3 +545,42 @@ def test_a_question_back_says_the_devices_state_first_when_one_has_come(tmp_path
     assert home.ask(home.devices[1]) == " Do you want the counter lights on or off?"  # no state has come
     home.set_state("home/kitchen/light/state", "OFF")
     assert home.ask(home.devices[0], ["ON"]) == " The kitchen light is off. Do you want the kitchen light on?"
+
+
+def test_heard_words_whose_value_may_be_a_mishearing_are_asked_back(tmp_path):
+    """tiny.en hears "deactivate the bedroom lamp" as "The activate the bedroom lamp." and "... lamp on the bedroom
+    to off" as "... lamp on the bedroom door.": both had switched the device ON in `bench home`; now they ask."""
+    home = load(tmp_path)
+    assert asked_values(["ON", "OFF"], words("The activate the bedroom lamp.")) == ["ON", "OFF"]
+    assert asked_values(["ON", "OFF"], words("Activate the bedroom lamp.")) == ["ON"]
+    refusal = home.grounding("The activate the bedroom lamp.", [], spoken=True)(BEDROOM, "ON")
+    assert refusal is not None and refusal.speech == " Do you want the bedroom lamp on or off?"
+    said = "Turn the bedroom lamp on the bedroom door."
+    refusal = home.grounding(said, [], spoken=True)(BEDROOM, "ON")
+    assert refusal is not None and refusal.speech == " Do you want the bedroom lamp on?"
+    assert home.opening(said, [], spoken=True) == [(BEDROOM, "ON")]  # opens with the question back
+    assert home.grounding(said, [], spoken=False)(BEDROOM, "ON") is None  # typed: as written
+    for meant in ("Turn the bedroom lamp on.", "Turn on the bedroom lamp.", "Switch the bedroom lamp on, please."):
+        assert home.grounding(meant, [], spoken=True)(BEDROOM, "ON") is None, meant
+    assert home.grounding("Turn the bedroom lamp off on the bedroom.", [], spoken=True)(BEDROOM, "OFF") is None
+
+
+def test_spoken_words_that_name_no_device_are_offered_said_with_each_name_the_audio_may_have_held(tmp_path):
+    """Home.renamings: what the recogniser scores against the audio (voice/dialog/rehearing.py, tested on real
+    audio in tests/test_stt.py); a name it chooses comes back as a guess, which is asked back."""
+    home = load(tmp_path)
+    offered = home.renamings("Turn off the memory lamp.")
+    assert offered == {"Turn off bedroom lamp.": home.devices[2]}  # "the memory lamp" spelled most like it
+    for said in (
+        "Turn off the bedroom lamp.",  # names a device
+        "Is the memory lamp on?",  # a question about state
+        "Don't turn off the memory lamp.",  # hedged: the model reads it
+        "The memory lamp.",  # asks nothing
+    ):
+        assert home.renamings(said) == {}, said
+    history = [{"role": "assistant", "content": "Do you want the bedroom lamp on or off?"}]
+    assert home.renamings("Off.", history) == {}  # an answer to the question back
+    guess = guessed_as("Turn off the memory lamp.", home.devices[2])
+    assert home.hear(guess, [], spoken=True).guessed == home.devices[2]
+    assert home.grounding(guess, [], spoken=True)(BEDROOM, "OFF").asks_back  # type: ignore[union-attr]
+    assert home.hear(guess, [], spoken=False).guessed is None  # typed words are never guessed

@@ -9,6 +9,8 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
+from voice.dialog.home import Home, HomeDevice
+from voice.dialog.rehearing import rehear
 from voice.hearing.stt import SpeechToText
 from voice.hearing.whisper_faults import (
     Word,
@@ -367,19 +369,44 @@ def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
     assert drop_unheard_tail(said, audio) == said
 
 
+def _home() -> Home:
+    lamp = HomeDevice("bedroom lamp", "home/bedroom/lamp/set", ("ON", "OFF"), "bedroom")
+    desk = HomeDevice("desk lamp", "home/office/desk_lamp/set", ("ON", "OFF", "50"), "office")
+    door = HomeDevice("garage door", "home/garage/door/set", ("OPEN", "CLOSE"), "garage")
+    return Home([lamp, desk, door, HomeDevice("kitchen light", "home/kitchen/light/set", ("ON", "OFF"), "kitchen")])
+
+
 async def test_an_expected_answer_is_chosen_only_when_the_audio_fits_it_about_as_well_as_whisper_s_own_words(stt):
     """After a question back, the recogniser may choose among the expected answers (Home.answers): an answer that
     Whisper wrote as something else is taken, the right one of two values; other speech keeps its own words."""
-    expected = ["Turn it on, please.", "Turn it off, please.", "On.", "Off.", "No.", "No, thanks."]
-    off = np.concatenate([espeak("Turn it off, please."), silence(300)])
+    home, asked = _home(), [{"role": "assistant", "content": "Do you want the bedroom lamp on or off?"}]
     stream = stt.stream()
-    stream.add(off)
+    stream.add(np.concatenate([espeak("Turn it off, please."), silence(300)]))
     # words a voice might be heard as: the audio fits "Turn it off, please." far better
-    assert await stream.choose("Tommy tough, please.", expected) == "Turn it off, please."
-    other = np.concatenate([piper("What time is it?"), silence(300)])
+    assert await rehear(home, "Tommy tough, please.", asked, stream) == "Turn it off, please."
     stream = stt.stream()
-    stream.add(other)
+    stream.add(np.concatenate([piper("What time is it?"), silence(300)]))
     text = await stream.final()
     assert wer("What time is it?", text) <= 0.25, text
-    assert await stream.choose(text, expected) == text  # not an answer: no expected one fits it as well
-    assert await stream.choose(text, []) == text
+    assert await rehear(home, text, asked, stream) == text  # not an answer: no expected one fits it as well
+    assert await rehear(home, text, [], stream) == text  # no question back: nothing expected
+
+
+async def test_a_device_name_heard_wrong_is_guessed_from_the_audio_and_asked_back(stt):
+    """tiny.en heard "the desk lamp" as "the clamp" and "this lamp": the words said with each device's name are
+    scored against the audio, the desk lamp's fits clearly best, and the guess is asked back, never done."""
+    home = _home()
+    stream = stt.stream()
+    stream.add(np.concatenate([espeak("Set the desk lamp to 50 percent."), silence(300)]))
+    misheard = "Set the clamp to 50 percent."
+    assert "Set the desk lamp to 50 percent." in home.renamings(misheard)
+    heard = await rehear(home, misheard, [], stream)
+    assert heard == "Set the clamp to 50 percent. (the desk lamp)"
+    assert home.hear(heard, [], spoken=True).guessed == home.devices[1]
+    refusal = home.grounding(heard, [], spoken=True)("home/office/desk_lamp/set", "50")
+    assert refusal is not None and refusal.speech == " Do you want the desk lamp set to 50?"
+    stream = stt.stream()
+    stream.add(np.concatenate([piper("Turn on the garden lamp."), silence(300)]))  # no device of the home
+    text = await stream.final()
+    assert home.renamings(text) and wer("Turn on the garden lamp.", text) == 0, text  # "the desk lamp" is scored
+    assert await rehear(home, text, [], stream) == text  # the audio fits its own words far better

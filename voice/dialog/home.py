@@ -15,6 +15,7 @@ every turn. The state goes into the user's message, and only when the words ask 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -34,8 +35,10 @@ from voice.dialog.wording import (
     YES_WORDS,
     asked_values,
     asks_state,
+    only_by_a_place,
     plurals,
     requests,
+    said_as,
     sounds_like,
     words,
 )
@@ -282,19 +285,38 @@ class Home:
     def hear(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Heard:
         """The words as the grounding, the constrained decode and the model read them: an answer to the last
         question back (``follow_up``); else, for spoken words that name no device, ask for something and ask
-        nothing about state, the device they sound like (``sounds_like``): "Close my garbage door. (the garage
-        door)", which the grounding asks back about before anything is done."""
+        nothing about state, the device they sound like (``sounds_like``, or the audio chose it:
+        voice/dialog/rehearing.py): "Close my garbage door. (the garage door)" (``guessed_as``), which the
+        grounding asks back about before anything is done."""
         answer = self.follow_up(text, history)
         if answer != text:
             return Heard(answer, answered=True)
+        by_name = {d.name: d for d in self.devices}
+        if spoken and (guess := _GUESS.fullmatch(text)) and guess[2] in by_name and not self.named(guess[1]):
+            return Heard(text, guessed=by_name[guess[2]])  # guessed before (by the audio)
+        if not self.guessing(text, spoken) or (at := sounds_like(tuple(words(text)), tuple(by_name))) is None:
+            return Heard(text)
+        if not self.asks_of(self.devices[at], text):
+            return Heard(text)
+        return Heard(guessed_as(text, self.devices[at]), guessed=self.devices[at])
+
+    def guessing(self, text: str, spoken: bool) -> bool:
+        """Whether a device may be guessed for the words: spoken, naming none, asking nothing about state."""
+        return spoken and not self.named(text) and not asks_state(text)
+
+    def asks_of(self, device: HomeDevice, text: str) -> bool:
+        """The words ask something of the device, if it is the one meant: one of its values, or a request word."""
         said = words(text)
-        names = tuple(d.name for d in self.devices)
-        if not spoken or self.named(text) or asks_state(text) or (at := sounds_like(tuple(said), names)) is None:
-            return Heard(text)
-        guess = self.devices[at]
-        if not (asked_values(guess.payloads, said) or REQUEST_WORDS & set(said)):
-            return Heard(text)
-        return Heard(f"{text} (the {guess.name})", guessed=guess)
+        return bool(asked_values(device.payloads, said) or REQUEST_WORDS & set(said))
+
+    def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
+        """Spoken words that name no device, that no name is spelled like (``hear``) and that nothing hedges, said
+        with a span as a device's name (``said_as``): each such text with its device, for the recogniser to score
+        against the audio ("Set the memory light 50" -> "Set the bedroom light 50"). {} otherwise."""
+        heard = self.hear(text, history, spoken=True)
+        if heard.text != text or heard.guessed or not self.guessing(text, True) or HEDGES & set(words(text)):
+            return {}
+        return {said: d for d in self.devices if self.asks_of(d, text) for said in said_as(text, d.name)}
 
     def annotate(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> str:
         """The user's words as the model sees them: ``hear``, and with the state of the devices asked about
@@ -316,8 +338,8 @@ class Home:
         """A check for ActionParser: None when the user's words (``follow_up``) ask for this action, else why not.
         A device named with none of its values is asked back about (``ask_value``). So is a ``spoken`` command
         that the words only sound like (``hear``), that asks for two values, that names another area
-        (``elsewhere``), or that has no request word (``requests``): it may be a question heard without its first
-        word."""
+        (``elsewhere``), whose value only an "on" before a place asks for (``only_by_a_place``), or that has no
+        request word (``requests``): it may be a question heard without its first word."""
         h = self.hear(heard, history, spoken)
         heard, said = h.text, words(h.text)
         question, devices = asks_state(heard), self.named(heard)
@@ -340,7 +362,7 @@ class Home:
             if not spoken or h.answered:
                 return None
             two = len(asked) > 1 and len(devices) == 1  # "turn on the lamp and off the fan" asks for each one
-            if h.guessed == device or two or self.elsewhere(said, devices):
+            if h.guessed == device or two or self.elsewhere(said, devices) or only_by_a_place(payload, said):
                 return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, asked))
             if not requests(heard, device.name, device.payloads):
                 return Refusal(f"heard no request word in {heard!r}: asked back", self.ask(device, [payload]))
@@ -375,6 +397,14 @@ class Home:
             return False
         self.states[state_topic] = value.strip()
         return True
+
+
+def guessed_as(text: str, device: HomeDevice) -> str:
+    """Words that name no device, with the one guessed for them: "Close my garbage door. (the garage door)"."""
+    return f"{text} (the {device.name})"
+
+
+_GUESS = re.compile(r"(.*) \(the (.+)\)", re.DOTALL)  # ``guessed_as``'s form
 
 
 def _yes_or_no(question: str, values: list[str]) -> str:

@@ -26,6 +26,7 @@ from voice import tasks
 from voice.config import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, take_action_calls
 from voice.dialog.home import Home, marker_choices
+from voice.dialog.rehearing import rehear
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
@@ -323,8 +324,8 @@ class Turn:
         try:
             async with asyncio.timeout(ctx.stt_timeout_s):
                 text = " ".join([t for u in [*self.before, utterance] if (t := await u.final())])
-                if not self.before and ctx.home and (expected := ctx.home.answers(text, ctx.conversation.messages)):
-                    text = await utterance.stream.choose(text, expected)  # an answer to a question back
+                if not self.before:  # an answer to a question back, a device name heard wrong
+                    text = await rehear(ctx.home, text, ctx.conversation.messages, utterance.stream)
         except Exception as exc:
             message = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
             ctx.emit(TurnError(trace.turn_id, "stt", message))

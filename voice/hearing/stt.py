@@ -87,11 +87,6 @@ _MAX_BUFFER_S = 25.0  # Whisper sees 30 s windows: trim at any committed word be
 _MIN_NEW_S = 0.2  # a partial pass needs at least this much new audio
 _TAIL_RMS = 0.01  # about -40 dBFS: audio after the last pass this quiet needs no re-decode
 _ALIGN_S = 0.6  # a new pass's copy of the last committed word lies within this of where it was heard
-# ``choose``: an expected answer is taken when its mean token log-probability is at most this far under that of
-# Whisper's own words. Measured on 7 voices (piper, 6 espeak-ng accents) after a question back: at 1.5, 16 of 19
-# answers Whisper had heard wrong were recovered, none to a wrong value, and no other utterance of 49 ("No, leave
-# it.", "What time is it?", "Forget it.") was taken for an answer; the closest of those was 1.9 under.
-CHOICE_MARGIN = 1.5
 
 
 def hint_text(phrases: Sequence[str]) -> str | None:
@@ -159,6 +154,10 @@ class SpeechToText:
                 f"STT model {resolved.name!r} is English-only but stt.language = {self.language!r}; "
                 f"fix: set stt.language = 'en' or use a multilingual model (whisper-base)"
             )
+        from faster_whisper.tokenizer import Tokenizer
+
+        multilingual = self.model.model.is_multilingual  # ``fits`` writes texts as Whisper's tokens
+        self._tokenizer = Tokenizer(self.model.hf_tokenizer, multilingual, "transcribe", self.language or "en")
         self._lock = threading.Lock()
         self.passes = 0  # decoder passes run, for benchmarks and tests
         self.decoded_s = 0.0  # audio seconds decoded
@@ -231,30 +230,23 @@ class SpeechToText:
             return WHISPER_WINDOW_S
         return min(WHISPER_WINDOW_S, max(MIN_WINDOW_S, math.ceil(samples / SPEECH_RATE + WINDOW_MARGIN_S)))
 
-    def choose(self, audio: np.ndarray, text: str, expected: Sequence[str]) -> str:
-        """``text`` (Whisper's words for float32 ``audio``), or the one of ``expected`` that the audio fits about
-        as well (``CHOICE_MARGIN``): Whisper scores each, teacher-forced, as a closed grammar would. For an
-        answer to a question the assistant asked ("Tommy tongue, please." is "Turn it on, please.")."""
+    def fits(self, audio: np.ndarray, texts: Sequence[str]) -> list[float]:
+        """How well float32 ``audio`` fits each of ``texts``: Whisper's mean log-probability per token, teacher-
+        forced, as a closed grammar would score them (voice/dialog/rehearing.py chooses among them)."""
         from faster_whisper.audio import pad_or_trim
-        from faster_whisper.tokenizer import Tokenizer
 
-        model = self.model
-        tokenizer = Tokenizer(model.hf_tokenizer, model.model.is_multilingual, "transcribe", self.language or "en")
+        model, tokenizer = self.model, self._tokenizer
         with self._lock:
             features = model.feature_extractor(audio)
             frames = min(features.shape[-1], WHISPER_WINDOW_S * FRAMES_PER_S)
             model.window_frames = None
             encoded = model.encode(pad_or_trim(features[:, : WHISPER_WINDOW_S * FRAMES_PER_S]))
-
-            def fit(said: str) -> float:
-                tokens = tokenizer.encode(" " + said.strip())
+            scores = []
+            for text in texts:  # one at a time: a batch repeats the encoder's output and measured slower
+                tokens = tokenizer.encode(" " + text.strip())
                 aligned = model.model.align(encoded, tokenizer.sot_sequence, [tokens], frames)[0]
-                return float(np.mean(np.log(np.maximum(aligned.text_token_probs, 1e-9))))
-
-            own, scores = fit(text), [fit(e) for e in expected]
-        best = int(np.argmax(scores))
-        log.debug("expected answers scored", extra={"text": text, "own": own, "best": expected[best]})
-        return expected[best] if scores[best] >= own - CHOICE_MARGIN else text
+                scores.append(float(np.mean(np.log(np.maximum(aligned.text_token_probs, 1e-9)))))
+        return scores
 
     async def run_decode(
         self, audio: np.ndarray, prompt: str | None = None, beam_size: int | None = None
@@ -408,13 +400,13 @@ class StreamingTranscription:
         tail = self._audio[self._decoded_len :]
         return len(tail) == 0 or float(np.sqrt(np.mean(np.square(tail)))) < _TAIL_RMS
 
-    async def choose(self, text: str, expected: Sequence[str]) -> str:
-        """``text``, or the expected answer that this utterance's audio fits about as well (``SpeechToText.choose``);
-        a long utterance, trimmed, keeps its text."""
-        if self._done or not expected or not text:
-            return text
+    async def fits(self, texts: Sequence[str]) -> list[float] | None:
+        """How well this utterance's audio fits each of ``texts`` (``SpeechToText.fits``); None for a long
+        utterance, trimmed, whose audio is no longer all here."""
+        if self._done or not len(self._audio) or not texts:
+            return None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.stt.executor, self.stt.choose, self._audio, text, expected)
+        return await loop.run_in_executor(self.stt.executor, self.stt.fits, self._audio, list(texts))
 
     async def final(self) -> str:
         """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new).

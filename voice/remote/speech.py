@@ -162,9 +162,9 @@ class RemoteTranscription:
         self._reported = text
         return text
 
-    async def choose(self, text: str, expected: Sequence[str]) -> str:
-        """A remote recogniser scores no expected answers: its words stand."""
-        return text
+    async def fits(self, texts: Sequence[str]) -> list[float] | None:
+        """A remote recogniser scores no texts against the audio: its words stand."""
+        return None
 
     async def final(self) -> str:
         """End the audio and wait for the transcript; one retry with all the audio on a fresh connection."""
