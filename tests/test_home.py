@@ -545,6 +545,8 @@ def test_a_question_back_says_the_devices_state_first_when_one_has_come(tmp_path
     assert home.ask(home.devices[1]) == " Do you want the counter lights on or off?"  # no state has come
     home.set_state("home/kitchen/light/state", "OFF")
     assert home.ask(home.devices[0], ["ON"]) == " The kitchen light is off. Do you want the kitchen light on?"
+    home.set_state("home/kitchen/light/state", "50")  # a brightness
+    assert home.ask(home.devices[0], ["ON"]) == " The kitchen light is at 50. Do you want the kitchen light on?"
 
 
 def test_heard_words_whose_value_may_be_a_mishearing_are_asked_back(tmp_path):

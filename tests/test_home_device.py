@@ -31,6 +31,7 @@ import pytest
 from audio.frames import SPEECH_RATE
 from voice.hearing.stt import SpeechToText
 from voice.models import resolve
+from voice.speechset import Voice
 
 from broker import Broker, free_port
 from speech import piper, spoken_as, wer
@@ -445,3 +446,19 @@ def test_a_device_named_without_a_value_is_asked_back_and_the_spoken_answer_does
     before, reply = ask_aloud(home_device, "Yes, please.")
     published = home_device.messages()[before:]
     assert commands(home_device, before) == [("home/kitchen/light/set", "OFF")], (reply, published)
+
+
+def test_an_answer_heard_as_other_words_is_chosen_among_the_answers_the_question_allows(home_device):
+    """In espeak-ng's Caribbean voice tiny.en heard "Turn it on, please." as "Tommy tongue, please." in every
+    `bench home` run: after a question back, the device scores the answers it allows against the audio
+    (voice/dialog/rehearing.py) and the one that fits does what was asked, once."""
+    before, reply = ask_aloud(home_device, "Bedroom lamp, please.")
+    assert reply["text"].strip() == "Do you want the bedroom lamp on or off?", reply
+    before = len(home_device.messages())
+    home_device.play_in_room(Voice("espeak-caribbean", "espeak", "en-029", 150).speak("Turn it on, please."))
+    reply = json.loads(home_device.wait_for("reply", after=before, timeout=180))
+    home_device.wait_for("state", lambda p: p == "idle", after=before, timeout=120)
+    time.sleep(1.0)
+    transcript = json.loads(home_device.wait_for("transcript", after=before, timeout=5))  # the words chosen
+    published = home_device.messages()[before:]
+    assert commands(home_device, before) == [("home/bedroom/lamp/set", "ON")], (transcript, reply, published)

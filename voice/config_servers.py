@@ -12,6 +12,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from voice.dialog.wording import words
+
 
 class Section(BaseModel):
     """The base of every config section (here and in voice/config.py): unknown keys are errors, assignments are
@@ -92,9 +94,6 @@ def host_name() -> str:
     return name[:40] or "host"
 
 
-# A named device's payload must hold one of these (after casefold): the grounding's words (voice/dialog/wording.py
-# ``words``) are runs of them, and it sends a value only when the user's words ask for it.
-_ASKABLE = re.compile(r"[a-z0-9]")
 _IDENTIFIERS = {  # field -> (pattern, what it is, the characters allowed, its default)
     "node_id": (
         re.compile(r"[A-Za-z0-9_-]{1,64}"),
@@ -224,7 +223,7 @@ class MQTTConfig(_Section):
             except ValueError as exc:
                 raise ValueError(f"{where}: {exc}") from None
             for payload in device.payloads:
-                if not _ASKABLE.search(payload.casefold()):
+                if not words(payload):  # the grounding sends a value only when the user's words ask for it
                     raise ValueError(
                         f"{where}: payload {payload!r} has no letter or digit, so no words can ask for it and it "
                         "would always be refused; fix: a payload with a word or number (e.g. 'ON', '50'), or the "

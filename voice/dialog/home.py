@@ -227,8 +227,9 @@ class Home:
     def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
         """The question back (``ask_value``), after the device's state when one has come: words heard without their
         question word ("Or our bedside lamp off." for "are our bedside lamp off") may have asked for it."""
-        state = self.states.get(device.state_topic or "")
-        said = f" The {device.name} {'are' if device.name.endswith('s') else 'is'} {state.casefold()}." if state else ""
+        state = self.states.get(device.state_topic or "", "").casefold()
+        verb = "are" if plurals(device.name) else "is"  # "the garden lights are", "the garage door is"
+        said = f" The {device.name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
         return said + ask_value(device, values)
 
     def elsewhere(self, said: Sequence[str], named: Iterable[HomeDevice]) -> bool:
