@@ -586,3 +586,15 @@ def test_spoken_words_that_name_no_device_are_offered_said_with_each_name_the_au
     assert home.hear(guess, [], spoken=True).guessed == home.devices[2]
     assert home.grounding(guess, [], spoken=True)(BEDROOM, "OFF").asks_back  # type: ignore[union-attr]
     assert home.hear(guess, [], spoken=False).guessed is None  # typed words are never guessed
+
+
+def test_a_name_is_its_words_in_a_row_or_the_one_device_of_its_kind_in_the_area_named(tmp_path):
+    """ "Light up minor, Ceiling lamp in nursery." (a nursery lamp, not listed) had switched the ceiling light on:
+    its words were all there, not in a row. "the lamp in the bedroom" still names the bedroom's one lamp."""
+    home = load(tmp_path)
+    assert home.named("Lamp up the bedroom, please.") == []
+    assert home.named("Turn off the lamp in the bedroom.") == [home.devices[2]]
+    assert home.named("Turn off the reading lamp in the bedroom.") == []  # another lamp, not listed
+    assert home.named("Turn off the light in the kitchen.") == []  # two lights there: which one?
+    assert home.named("Turn off the lights in the kitchen.") == home.devices[:2]  # both
+    assert home.grounding("Lamp up the bedroom, please.", [], spoken=True)(BEDROOM, "ON") is not None

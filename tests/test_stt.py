@@ -9,7 +9,8 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
-from voice.dialog.home import Home, HomeDevice
+from voice.dialog.devices import HomeDevice
+from voice.dialog.home import Home
 from voice.dialog.rehearing import rehear
 from voice.hearing.stt import SpeechToText
 from voice.hearing.whisper_faults import (

@@ -14,14 +14,13 @@ every turn. The state goes into the user's message, and only when the words ask 
 
 from __future__ import annotations
 
-import json
 import re
+from collections import Counter
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from voice.dialog.actions import (
-    ACTION_TOOL,
     KEYWORD,
     Grounding,
     Refusal,
@@ -29,8 +28,11 @@ from voice.dialog.actions import (
     action_tool,
     tool_instructions,
 )
+from voice.dialog.devices import HomeDevice
+from voice.dialog.home_prompt import home_prompt
 from voice.dialog.wording import (
     HEDGES,
+    PLACE_WORDS,
     REQUEST_WORDS,
     YES_WORDS,
     asked_values,
@@ -50,30 +52,6 @@ OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a s
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
 _SAID = {"close": "closed", "lock": "locked", "unlock": "unlocked"}  # a value as the question back says it
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
-
-
-@dataclass(frozen=True)
-class HomeDevice:
-    """One device the assistant may command: ``payloads`` are the allow-list for ``topic``."""
-
-    name: str
-    topic: str
-    payloads: tuple[str, ...]
-    area: str | None = None
-    state_topic: str | None = None
-
-    @property
-    def kind(self) -> str:
-        """The last word of the name ("light" for "counter lights"): what "the lights in the kitchen" matches."""
-        return words(self.name)[-1]
-
-    def named_in(self, heard: set[str], plurals: set[str]) -> bool:
-        """The words name this device: all of its name's words, or all of its area's words and its kind said in
-        the plural ("the lights in the kitchen"). Only the plural: "the kitchen light lamp" names the kitchen
-        light, not the kitchen's counter lights (measured: the model switched those too)."""
-        if set(words(self.name)) <= heard:
-            return True
-        return bool(self.area) and set(words(self.area or "")) <= heard and self.kind in plurals
 
 
 def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
@@ -153,76 +131,24 @@ class Home:
         return matches[0] if len(matches) == 1 else device
 
     def prompt(self, action_format: str = "markers") -> str:
-        """The system prompt for a home assistant: rules, then one line per device grouped by area.
-
-        Markers: every command is written out as the whole marker for its first payload (measured: a bare topic
-        list made the model drop the keyword), with the other payloads after it, so the list stays one line per
-        device. Tools: the same rules and list, with the device's name and values, for the ``control_device``
-        function the chat template describes after this prompt. Nothing here changes between turns."""
-        if action_format == "tools":
-            return self._tools_prompt()
-        # the examples use a switch if there is one: "switch off" -> OFF reads right for the model
-        first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
-        off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
-        lines = [
-            "You are the voice assistant of a home. Answer in one or two short spoken sentences, "
-            "with no lists, code or markdown.",
-            "You can control the devices listed below. Rules:",
-            f"- Only when the user asks you to change a device, write its command once, copied exactly with the "
-            f"brackets and the word {KEYWORD}, with the value the user wants, then confirm in a few words.",
-            "- A question about a device (is it on, is it open, which lights are on) is not a request: write no "
-            "command. Answer only from the state given with the question; if none is given, say you do not know.",
-            "- If the user names a device that is not listed, write no command and say you cannot control it.",
-            "- Anything else: answer briefly, with no command.",
-            "Devices by area, each with its command and the values it takes:",
-        ]
-        for area, devices in _by_area(self.devices):
-            lines.append(f"{area}:")
-            for d in devices:
-                rest = f" (values: {', '.join(d.payloads)})" if len(d.payloads) > 1 else ""
-                lines.append(f"  {d.name}: [{KEYWORD} {d.topic} {d.payloads[0]}]{rest}")
-        if self.extra:
-            lines.append("other commands:")
-            lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in self.extra.items() for p in payloads]
-        lines += [
-            f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
-            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
-            f'-> you: "No, the {first.name} is {off.lower()}."',
-        ]
-        return "\n".join(lines)
-
-    def _tools_prompt(self) -> str:
-        first = next((d for d in self.devices if "OFF" in d.payloads), self.devices[0])
-        off = "OFF" if "OFF" in first.payloads else first.payloads[-1]
-        call = json.dumps({"name": ACTION_TOOL, "arguments": {"device": first.name, "value": off}})
-        lines = [
-            "You are the voice assistant of a home. Answer in one or two short spoken sentences, "
-            "with no lists, code or markdown.",
-            f"You can control the devices listed below with the function {ACTION_TOOL}. Rules:",
-            f"- Only when the user asks you to change a device, call {ACTION_TOOL} once for it, with the device's "
-            "name as listed and the value the user wants, then confirm in a few words.",
-            "- A question about a device (is it on, is it open, which lights are on) is not a request: call no "
-            "function. Answer only from the state given with the question; if none is given, say you do not know.",
-            "- If the user names a device that is not listed, call no function and say you cannot control it.",
-            "- Anything else: answer briefly, with no function call.",
-            "Devices by area, each with the values it takes:",
-        ]
-        for area, devices in _by_area(self.devices):
-            lines.append(f"{area}:")
-            lines += [f"  {d.name}: {', '.join(d.payloads)}" for d in devices]
-        if self.extra:
-            lines.append("other devices:")
-            lines += [f"  {t}: {', '.join(payloads)}" for t, payloads in self.extra.items()]
-        lines += [
-            f'Example: user: "switch off the {first.name}" -> you: "<tool_call>\n{call}\n</tool_call>\nDone."',
-            f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
-            f'-> you: "No, the {first.name} is {off.lower()}."',
-        ]
-        return "\n".join(lines)
+        """The system prompt for a home assistant (voice/dialog/home_prompt.py): nothing in it changes between
+        turns, so it stays the cached prefix of every turn."""
+        return home_prompt(self.devices, self.extra, action_format)
 
     def named(self, text: str) -> list[HomeDevice]:
-        heard, many = set(words(text)), plurals(text)
-        return [d for d in self.devices if d.named_in(heard, many)]
+        """The devices the words name (``HomeDevice.named_in``); when they name none so, the one device of its kind
+        in its area, said as "the <kind>" with the area ("the light in the bedroom", one light there; not "the
+        aquarium light in the living room")."""
+        said, many = words(text), plurals(text)
+        if named := [d for d in self.devices if d.named_in(said, many)]:
+            return named
+        kinds = Counter((d.area, d.kind) for d in self.devices)
+        plain = {w for before, w in zip(["", *said[:-1]], said, strict=True) if before in PLACE_WORDS}  # "the lamp"
+        return [
+            d
+            for d in self.devices
+            if d.area and kinds[d.area, d.kind] == 1 and d.kind in plain and set(words(d.area)) <= set(said)
+        ]
 
     def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
         """The question back (``ask_value``), after the device's state when one has come: words heard without their
@@ -418,13 +344,6 @@ def _yes_or_no(question: str, values: list[str]) -> str:
     if len(named) != 1:
         return ""
     return "; so the answer is yes" if named == {value} else "; so the answer is no"
-
-
-def _by_area(devices: Iterable[HomeDevice]) -> list[tuple[str, list[HomeDevice]]]:
-    groups: dict[str, list[HomeDevice]] = {}
-    for d in devices:
-        groups.setdefault(d.area or "other", []).append(d)
-    return list(groups.items())
 
 
 @dataclass

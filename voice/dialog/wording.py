@@ -44,7 +44,7 @@ REQUEST_WORDS = frozenset(
 WEAK_VALUE_WORDS = frozenset({"up", "down"})
 # Words that make a command conditional, later or not wanted: the model reads those (``Home.opening``).
 HEDGES = frozenset({"not", "dont", "never", "if", "when", "after", "before", "until", "later", "tomorrow", "tonight"})
-_PLACE_WORDS = frozenset({"the", "my", "our", "your", "a"})  # "on" before one is a place: "light on my bedroom"
+PLACE_WORDS = frozenset({"the", "my", "our", "your", "a"})  # "on" before one is a place: "light on my bedroom"
 # ``sounds_like``: how alike a misheard name must be (difflib's ratio), and how much more than any other device.
 _LIKE, _LIKE_MARGIN = 0.75, 0.05
 # ``said_as``: the spans of heard words worth scoring as a device's name, those spelled at least this like it, the
@@ -98,7 +98,7 @@ def _places(said: Sequence[str]) -> list[bool]:
     """For each "on" of the words: is it a place ("the lamp on the hallway"), not a value? Before "the"/"my"/...
     and after no request verb ("turn on the lamp": a verb's "on" is a value)."""
     around = zip(["", *said[:-1]], said, [*said[1:], ""], strict=True)
-    return [nxt in _PLACE_WORDS and before not in REQUEST_WORDS for before, w, nxt in around if w == "on"]
+    return [nxt in PLACE_WORDS and before not in REQUEST_WORDS for before, w, nxt in around if w == "on"]
 
 
 def _either_activate(said: Sequence[str]) -> set[str]:
