@@ -64,7 +64,9 @@ class Assistant:
         self._listeners: list[Callable[[str, Event], None]] = []
         self._sessions: set[Session] = set()
         self._background = Tasks()
-        self.home = Home.from_config(config.mqtt)  # named devices and their state, shared by every session
+        self.home = Home.from_config(
+            config.mqtt, config.stt.language or "en"
+        )  # named devices and their state, shared by every session
         self.memory = Trimmer()  # a closed session's memory goes back soon after (voice/memory.py)
 
     @classmethod

@@ -118,6 +118,18 @@ class HomeDeviceConfig(_Section):
     payloads: list[str] = Field(min_length=1, description="the allowed commands, e.g. ['ON', 'OFF']")
     area: str | None = Field(None, description="the room, e.g. 'kitchen'")
     state_topic: str | None = Field(None, description="where the device reports its state (read, never written)")
+    aliases: list[str] = Field(default_factory=list, description="other names people use, e.g. ['ceiling lamp']")
+    floor: str | None = Field(None, description="the floor its area is on, e.g. 'upstairs'")
+    domain: Literal["light", "switch", "fan", "cover", "lock", "climate", "media_player", "valve", "vacuum", None] = (
+        Field(
+            None,
+            description="Home Assistant's domain: what 'turn on' means for it and what 'the lights' selects; default: "
+            "a topic level that names a domain, else what its payloads can do",
+        )
+    )
+    device_class: str | None = Field(
+        None, description="a cover's class (blind, curtain, door, awning, ...); default: the one its name says"
+    )
 
 
 class MQTTConfig(_Section):
@@ -142,6 +154,9 @@ class MQTTConfig(_Section):
         default_factory=list,
         description="named devices by area (the assistant's home): their topics join the allow-list, and "
         "their state topics are followed to answer questions about state",
+    )
+    area: str | None = Field(
+        None, description="the area this assistant stands in, for 'turn on the light here' (an area of the devices)"
     )
     action_format: Literal["markers", "tools", "constrained"] = Field(
         "constrained",
@@ -234,6 +249,9 @@ class MQTTConfig(_Section):
                     f"{where}: state_topic {device.state_topic!r} must be a plain topic without spaces or "
                     "wildcards (+ #); fix: name the exact topic the device reports its state on"
                 )
+        areas = sorted({d.area for d in self.devices if d.area})
+        if self.area is not None and self.area not in areas:
+            raise ValueError(f"mqtt.area {self.area!r} is no device's area; fix: one of {areas}, or leave it out")
         for topic, template in self.events.items():
             if not topic.strip() or not template.strip():
                 raise ValueError(

@@ -13,6 +13,7 @@ entry and names the fix, and scoring a reply (published, refused, consistent) is
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 from dataclasses import asdict, dataclass, field
@@ -23,10 +24,13 @@ from audio.frames import SPEECH_RATE
 from audio.wavfile import write_wav
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
 from voice.dialog.home import ASK_BACK, OPPOSITE
+from voice.dialog.home import say_value as _say
 from voice.events import ActionRequested
 from voice.speechset import voices
 
 DEFAULT_CASES = Path(__file__).parent / "configs" / "home_cases.json"  # configs/ (shipped in the package)
+# human phrasings for a home whose device names the code never saw, split once into a tuning and a test half
+HELD_OUT_CASES = Path(__file__).parent / "configs" / "home_phrasings.json"
 FIX_FORMAT = "see the format in `specvoice bench home --help`"
 
 
@@ -41,20 +45,34 @@ class Device:
     payloads: list[str]
     area: str | None = None
     state_topic: str | None = None
+    aliases: list[str] = field(default_factory=list)
+    floor: str | None = None
+    domain: str | None = None
+
+
+Expect = dict[str, str] | list[dict[str, str]] | None  # one command, several (an area's), or none
+
+
+def expected(expect: Expect) -> list[dict[str, str]]:
+    """The commands a case expects, in a stable order."""
+    found = [] if expect is None else expect if isinstance(expect, list) else [expect]
+    return sorted(found, key=lambda e: (e["topic"], e["payload"]))
 
 
 @dataclass
 class Case:
     say: str
-    expect: dict[str, str] | None  # {"topic", "payload"}; None: no action is wanted
-    intent: str = "other"
+    expect: Expect  # {"topic", "payload"}, a list of them; None: no action is wanted
+    intent: str = "other"  # the row of the table it is counted in (a file's "intent" or "category")
     state: dict[str, str] = field(default_factory=dict)  # state_topic -> value at the time of asking
+    split: str | None = None  # "tune" or "test": a held-out set is tuned on one half and reported on the other
 
 
 @dataclass
 class CaseFile:
     devices: list[Device]
     cases: list[Case]
+    answers: dict[str, list[str]] = field(default_factory=dict)  # how users answer a question back, by value
 
     @property
     def allowed(self) -> dict[str, list[str]]:
@@ -80,7 +98,7 @@ def _object(value: Any, where: str, keys: set[str], required: set[str], fix: str
 
 def parse_cases(data: Any, source: str = "case file") -> CaseFile:
     """Check a case file's content and return it as dataclasses; CaseFileError says what is wrong and how to fix."""
-    top = _object(data, source, {"devices", "cases"}, {"devices", "cases"}, f"give both lists; {FIX_FORMAT}")
+    top = _object(data, source, {"devices", "cases", "answers"}, {"devices", "cases"}, f"give both lists; {FIX_FORMAT}")
     if not isinstance(top["devices"], list) or not top["devices"]:
         raise CaseFileError(f"{source}: 'devices' must be a non-empty list; fix: list the devices the home has")
     if not isinstance(top["cases"], list) or not top["cases"]:
@@ -91,7 +109,7 @@ def parse_cases(data: Any, source: str = "case file") -> CaseFile:
         d = _object(
             raw,
             where,
-            {"name", "topic", "payloads", "area", "state_topic"},
+            {"name", "topic", "payloads", "area", "state_topic", "aliases", "floor", "domain"},
             {"name", "topic", "payloads"},
             "give name, topic and payloads, e.g. "
             '{"name": "kitchen light", "topic": "home/kitchen/light/set", "payloads": ["ON", "OFF"]}',
@@ -106,6 +124,11 @@ def parse_cases(data: Any, source: str = "case file") -> CaseFile:
             _string(d["area"], f"{where}.area", "name the room or leave 'area' out") if "area" in d else None,
             _string(d["state_topic"], f"{where}.state_topic", "give the state topic or leave it out")
             if "state_topic" in d
+            else None,
+            [_string(a, f"{where}.aliases", "list other names as strings") for a in d.get("aliases", [])],
+            _string(d["floor"], f"{where}.floor", "name the floor or leave it out") if "floor" in d else None,
+            _string(d["domain"], f"{where}.domain", "give a Home Assistant domain or leave it out")
+            if "domain" in d
             else None,
         )
         if any(other.topic == device.topic for other in devices):
@@ -123,14 +146,14 @@ def parse_cases(data: Any, source: str = "case file") -> CaseFile:
         c = _object(
             raw,
             where,
-            {"say", "expect", "intent", "state"},
+            {"say", "expect", "intent", "category", "state", "split"},
             {"say", "expect"},
             'give "say" and "expect" (null when no action is wanted)',
         )
-        expect = c["expect"]
-        if expect is not None:
+        commands = [] if c["expect"] is None else c["expect"] if isinstance(c["expect"], list) else [c["expect"]]
+        for e in commands:
             e = _object(
-                expect, f"{where}.expect", {"topic", "payload"}, {"topic", "payload"}, "give topic and payload, or null"
+                e, f"{where}.expect", {"topic", "payload"}, {"topic", "payload"}, "give topic and payload, or null"
             )
             if e["topic"] not in by_topic:
                 raise CaseFileError(
@@ -142,7 +165,7 @@ def parse_cases(data: Any, source: str = "case file") -> CaseFile:
                     f"{where}.expect: payload {e['payload']!r} is not one of {by_topic[e['topic']].payloads} for "
                     f"{e['topic']!r}; fix: use one of them or add it to the device's payloads"
                 )
-            expect = {"topic": e["topic"], "payload": e["payload"]}
+        expect: Expect = c["expect"]
         state = c.get("state", {})
         if not isinstance(state, dict) or not all(isinstance(v, str) for v in state.values()):
             raise CaseFileError(f'{where}.state must map state topics to strings; fix: e.g. {{"<state_topic>": "ON"}}')
@@ -150,11 +173,21 @@ def parse_cases(data: Any, source: str = "case file") -> CaseFile:
             raise CaseFileError(
                 f"{where}.state: {sorted(unknown)} is no device's state_topic; fix: give the device a state_topic"
             )
-        intent = _string(c["intent"], f"{where}.intent", "name the intent or leave it out") if "intent" in c else None
-        cases.append(
-            Case(_string(c["say"], f"{where}.say", "write what the user says"), expect, intent or "other", state)
-        )
-    return CaseFile(devices, cases)
+        label = c.get("intent", c.get("category"))
+        intent = _string(label, f"{where}.intent", "name the intent or leave it out") if label is not None else None
+        split = c.get("split")
+        if split not in (None, "tune", "test"):
+            raise CaseFileError(
+                f"{where}.split must be 'tune' or 'test', not {split!r}; fix: one of them, or leave it out"
+            )
+        say = _string(c["say"], f"{where}.say", "write what the user says")
+        cases.append(Case(say, expect, intent or "other", state, split))
+    answers = top.get("answers", {})
+    if not isinstance(answers, dict) or not all(
+        isinstance(v, list) and v and all(isinstance(a, str) and a.strip() for a in v) for v in answers.values()
+    ):
+        raise CaseFileError(f"{source}: 'answers' must map a value (or yes/no/number) to sentences; fix: {FIX_FORMAT}")
+    return CaseFile(devices, cases, answers)
 
 
 def load_cases(path: str | Path) -> CaseFile:
@@ -175,7 +208,7 @@ class Result:
     """One case's outcome: the JSON record of ``--json`` (``refused``: requests the allow-list turned down)."""
 
     say: str
-    expect: dict[str, str] | None
+    expect: Expect
     intent: str
     published: list[dict[str, str]]
     refused: list[dict[str, str]]
@@ -199,13 +232,20 @@ class Result:
 
     @property
     def right(self) -> bool:
-        """Exactly the expected action was published (for a no-action case: nothing was)."""
-        return self.published == ([self.expect] if self.expect else [])
+        """Exactly the expected actions were published, each once (for a no-action case: nothing was)."""
+        return expected(self.published) == expected(self.expect)
 
     @property
     def right_after_answer(self) -> bool:
-        """Right at once, or nothing at once and exactly the expected action after the user's answer."""
-        return self.right or (not self.published and bool(self.expect) and self.answer_published == [self.expect])
+        """Right at once, or nothing at once and exactly the expected actions after the user's answer."""
+        after = expected(self.answer_published) == expected(self.expect)
+        return self.right or (not self.published and bool(self.expect) and after)
+
+    @property
+    def wrong(self) -> bool:
+        """Something was published, at once or after the answer, that the case did not expect."""
+        wanted = {(e["topic"], e["payload"]) for e in expected(self.expect)}
+        return any((p["topic"], p["payload"]) not in wanted for p in [*self.published, *self.answer_published])
 
     @property
     def consistent(self) -> bool:
@@ -215,28 +255,31 @@ class Result:
         return said_refusal if self.refused else not (self.published and said_refusal)
 
 
-# The answer a user gives to a question back, by the value they want (a number: "Set it to 50 percent, please.")
-_ANSWERS = {
-    "on": "Turn it on, please.",
-    "off": "Turn it off, please.",
-    "open": "Open it, please.",
-    "close": "Close it, please.",
-    "lock": "Lock it, please.",
-    "unlock": "Unlock it, please.",
-}
-
-
-def answer_for(case: Case, result: Result, devices: list[Device] | None = None) -> str | None:
-    """What the user says back when a command case's reply asked back (voice/dialog/home.py ``ask_value``):
-    the value they wanted, alone; "No." when the question names another of ``devices`` than the one they meant (a
-    name heard wrong and guessed, voice/dialog/home.py ``Home.hear``). None when there is nothing to answer."""
-    if not case.expect or ASK_BACK.casefold() not in result.reply.casefold():
+def answer_for(case: Case, result: Result, cases: CaseFile, seed: int = 0) -> str | None:
+    """What the user says back when a command case's reply asked back (voice/dialog/home.py ``ask_value``), drawn
+    from the case file's ``answers`` (varied phrasings written apart from the code; the held-out set's when the file
+    has none): a yes when the question offers the one value wanted, that value otherwise, a no when it asks about
+    another device than the one meant. None when there is nothing to answer."""
+    wanted = expected(case.expect)
+    if not wanted or ASK_BACK.casefold() not in result.reply.casefold():
         return None
-    meant = next((d.name for d in devices or [] if d.topic == case.expect["topic"]), None)
-    if meant is not None and f"{ASK_BACK} {meant}".casefold() not in result.reply.casefold():
-        return "No."
-    value = case.expect["payload"]
-    return _ANSWERS.get(value.casefold(), f"Set it to {value}{' percent' if value.isdigit() else ''}, please.")
+    answers = cases.answers or _held_out_answers()
+    rng = random.Random(f"{seed}:{case.say}")
+    meant = next((d for d in cases.devices if d.topic == wanted[0]["topic"]), None)
+    reply = result.reply.casefold()
+    if meant is None or f"{ASK_BACK} {meant.name}".casefold() not in reply:
+        return rng.choice(answers["no"])
+    value = wanted[0]["payload"]
+    if f"{ASK_BACK} {meant.name} {_say(value)}?".casefold() in reply:
+        return rng.choice(answers["yes"])
+    if value.isdigit():
+        return rng.choice(answers["number"]).replace("{n}", value)
+    return rng.choice(answers.get(value, answers["yes"]))
+
+
+@functools.cache
+def _held_out_answers() -> dict[str, list[str]]:
+    return load_cases(HELD_OUT_CASES).answers
 
 
 def state_answered(state: dict[str, str], reply: str, question: str = "") -> bool | None:

@@ -156,7 +156,8 @@ def summarize(results: list[Result], allowed: dict[str, list[str]]) -> dict[str,
             "commands": len(commands),
             "right_action": sum(r.right for r in commands),
             "no_action_cases": len(quiet),
-            "acted_when_none_wanted": sum(bool(r.published) for r in quiet),
+            "acted_when_none_wanted": sum(bool(r.published or r.answer_published) for r in quiet),
+            "wrong_actions": sum(r.wrong for r in commands),
             "asked_back": sum(r.answer is not None for r in commands),
             "right_after_answer": sum(r.right_after_answer for r in commands),
             "refused_requests": sum(len(r.refused) for r in rs),
@@ -187,14 +188,17 @@ def _pct(part: int, whole: int) -> str:
 
 def print_table(summary: dict[str, Any], title: str) -> None:
     print(f"\n{title}")
-    head = f"{'intent':16s}{'cases':>6s}{'right action':>14s}{'after asking':>14s}{'acted, none wanted':>20s}"
+    head = (
+        f"{'intent':18s}{'cases':>6s}{'right action':>14s}{'after asking':>14s}{'wrong':>7s}{'acted, none wanted':>20s}"
+    )
     print(head + f"{'refused':>9s}{'unallowed':>11s}{'consistent':>12s}{'state said':>12s}")
     rows = [*summary["per_intent"].items(), ("total", summary["total"])]
     for name, s in rows:
         print(
-            f"{name:16s}{s['cases']:6d}"
+            f"{name:18s}{s['cases']:6d}"
             f"{_pct(s['right_action'], s['commands']):>14s}"
             f"{_pct(s['right_after_answer'], s['commands']):>14s}"
+            f"{s['wrong_actions']:7d}"
             f"{_pct(s['acted_when_none_wanted'], s['no_action_cases']):>20s}"
             f"{s['refused_requests']:9d}{s['unallowed_published']:11d}"
             f"{_pct(s['consistent_reply'], s['cases']):>12s}"
@@ -215,7 +219,15 @@ async def bench(config: Any, argv: list[str]) -> int:
     p.add_argument("--cases", default=str(DEFAULT_CASES), help="case file (default: configs/home_cases.json)")
     p.add_argument("--json", default="bench-results/home.json", help="write one record per case here")
     p.add_argument("--limit", type=positive, help="only the first N cases (the default file is shuffled)")
-    p.add_argument("--spoken", type=count, default=0, help="also play the first N of them, spoken, to the listener")
+    p.add_argument(
+        "--split",
+        choices=["tune", "test"],
+        help="only the cases of this half of a held-out file (configs/home_phrasings.json): "
+        "tune on one half, report the other",
+    )
+    p.add_argument(
+        "--spoken", type=count, default=0, help="also play N of them, spread evenly over the list, to the listener"
+    )
     p.add_argument(
         "--voices",
         choices=["mixed", "piper"],
@@ -240,7 +252,7 @@ async def bench(config: Any, argv: list[str]) -> int:
     except CaseFileError as exc:
         fail(exc)
         return 2
-    chosen = cases.cases[: args.limit]
+    chosen = [c for c in cases.cases if args.split is None or c.split == args.split][: args.limit]
     allowed = cases.allowed
     devices = [HomeDeviceConfig.model_validate(asdict(d)) for d in cases.devices]
     action_format = args.format or config.mqtt.action_format
@@ -252,14 +264,15 @@ async def bench(config: Any, argv: list[str]) -> int:
     results: list[Result] = []
     for case in tqdm(chosen, desc="text cases", unit="case", disable=None):
         results.append(result := await runner.run(case))
-        if (said := answer_for(case, result, cases.devices)) is not None:
+        if (said := answer_for(case, result, cases, args.seed)) is not None:
             await runner.answer(result, said)
-    voices = spoken_voices(len(chosen[: args.spoken]), args.seed, args.voices)
+    heard = chosen[:: max(1, len(chosen) // args.spoken)][: args.spoken] if args.spoken else []  # every category
+    voices = spoken_voices(len(heard), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
-        for i, case in enumerate(tqdm(chosen[: args.spoken], desc="spoken cases", unit="case", disable=None)):
+        for i, case in enumerate(tqdm(heard, desc="spoken cases", unit="case", disable=None)):
             wav = speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav")
             results.append(result := await runner.run(case, wav))
-            if (said := answer_for(case, result, cases.devices)) is not None:
+            if (said := answer_for(case, result, cases, args.seed)) is not None:
                 await runner.answer(result, said, speak_case(assistant, said, voices[i], Path(tmp) / f"answer{i}.wav"))
     await runner.session.close()
     text = [r for r in results if not r.spoken]
@@ -274,7 +287,7 @@ async def bench(config: Any, argv: list[str]) -> int:
         summary["spoken_by_voice"] = {k: summarize(rs, allowed)["total"] for k, rs in by.items() if rs}
         print_table(
             summary["spoken"],
-            f"the first {len(spoken)} of them spoken ({len(by['piper'])} piper, {len(by['espeak-ng'])} espeak-ng, "
+            f"{len(spoken)} of them spoken ({len(by['piper'])} piper, {len(by['espeak-ng'])} espeak-ng, "
             f"seed {args.seed}) -> listener -> Whisper",
         )
         for k, total in summary["spoken_by_voice"].items():
@@ -296,6 +309,7 @@ async def bench(config: Any, argv: list[str]) -> int:
                     "action_format": action_format,
                 },
                 "cases_file": str(args.cases),
+                "split": args.split,
                 "spoken_voices": {"mix": args.voices, "seed": args.seed},
                 "summary": summary,
                 "cases": [asdict(r) for r in text]

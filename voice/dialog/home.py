@@ -1,12 +1,12 @@
-"""The home the assistant runs in: named devices by area, their last known state, and the rules that keep the
-model's actions to what the user asked for.
+"""The home the assistant runs in: named devices by area, their last known state, and what a reply may do to them.
 
-Why rules in code and not only in the prompt: the embedded model is a small *coding* model. Measured on Home
-Assistant's sentences (``specvoice bench home``) with only a prompt, it switched the device when asked about its
-state ("is the garage door open?") and copied several commands of the list into one reply. So a reply's actions
-are grounded in the user's own words here: one command per device per reply, only for a device the words name
-(its name, or its area plus its kind: "the lights in the kitchen"), only with a value the words ask for ("turn
-the coffee machine to light", tiny.en's "off", is not a request for ON), and never for a question about state.
+What the user's words ask is read by Home Assistant's matcher over Home Assistant's sentences
+(voice/dialog/understanding.py). That reading, not the model, decides whether a reply may act:
+- a strict match opens the reply with its commands (the model then confirms them in a few words);
+- a guess (a match after dropping words at the ends, or a device name that only sounds like the one heard) and any
+  command the model proposes when nothing matched are asked back ("Do you want the reading light on?"); the answer
+  ("yes", "switch it on", "no") is read by the same matcher (our answer sentences, voice/dialog/sentences/);
+- a question about state, a request for a later time, a value a device cannot take never act.
 
 The system prompt (``prompt``) depends on the devices only, never on their state: it is the cached prefix of
 every turn. The state goes into the user's message, and only when the words ask about state (``annotate``).
@@ -14,9 +14,9 @@ every turn. The state goes into the user's message, and only when the words ask 
 
 from __future__ import annotations
 
+import functools
 import re
-from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,20 +30,19 @@ from voice.dialog.actions import (
 )
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home_prompt import home_prompt
-from voice.dialog.wording import (
-    HEDGES,
-    PLACE_WORDS,
-    REQUEST_WORDS,
-    YES_WORDS,
-    asked_values,
-    asks_state,
-    only_by_a_place,
-    plurals,
-    requests,
-    said_as,
-    sounds_like,
-    words,
+from voice.dialog.understanding import (
+    Act,
+    AskState,
+    CannotDo,
+    Command,
+    HomeGrammar,
+    Later,
+    NoMatch,
+    Reading,
+    device_class,
+    infer_domain,
 )
+from voice.dialog.wording import said_as, sounds_like, words
 
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
@@ -52,44 +51,31 @@ OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a s
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
 _SAID = {"close": "closed", "lock": "locked", "unlock": "unlocked"}  # a value as the question back says it
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
+LATER_SPEECH = " Sorry, I can only do that now, not at a later time."
+DECLINED = "declined"  # the intent of an answer that said no
 
 
 def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
-    """The question back when the words name a device but none of its values ("Sprinkler." for "sprinkler on",
-    as tiny.en heard it): its word values, else all ("Do you want the garage door open or closed?"); or, with
-    ``values``, whether those are wanted ("Do you want the bedroom fan on?")."""
+    """The question back: whether ``values`` are wanted ("Do you want the bedroom fan on?"), or which of the
+    device's word values ("Do you want the garage door open or closed?")."""
     if values is None:
         values = [p for p in device.payloads if not p.isdigit()] or device.payloads
-    said = [_say(p) for p in values]
+    said = [say_value(p) for p in values]
     choices = f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else said[0]
     return f" {ASK_BACK} {device.name} {choices}?"
 
 
-def _say(value: str) -> str:
+def say_value(value: str) -> str:
     """A value as the question back says it ("closed", "set to 50")."""
     return f"set to {value}" if value.isdigit() else _SAID.get(value.casefold(), value.casefold())
 
 
-def answer_forms(value: str) -> list[str]:
-    """The common ways to answer a question back with ``value`` ("On.", "Turn it on, please.", "Close it.", "Set
-    it to 50 percent."): what the recogniser chooses among when it heard an answer as nothing (``Home.answers``)."""
-    v = value.casefold()
-    if v.isdigit():
-        phrases = [f"{v} percent", f"Set it to {v} percent"]
-    elif v in ("on", "off"):
-        phrases = [v.capitalize(), f"Turn it {v}", f"Switch it {v}"]
-    else:
-        phrases = [_say(v).capitalize(), f"{v.capitalize()} it"]
-    return [f"{p}{end}" for p in phrases for end in (".", ", please.")]
-
-
 @dataclass(frozen=True)
-class Heard:
-    """The user's words as the home reads them (``Home.hear``)."""
+class Declined:
+    """The user answered no to the question back: nothing is done."""
 
-    text: str  # with the device (and value) of the question back they answer, or of the name they sound like
-    answered: bool = False  # they answer the last reply's question back (``follow_up``)
-    guessed: HomeDevice | None = None  # spoken, naming no device: the one they sound like; asked back, never done
+
+Understood = Reading | Declined
 
 
 @dataclass
@@ -101,222 +87,200 @@ class Home:
     extra: dict[str, list[str]] = field(default_factory=dict)  # allow-listed topics that are no named device
     states: dict[str, str] = field(default_factory=dict)
     grounded: bool = True  # False only to measure what the prompt does alone (`bench home --ungrounded`)
+    language: str = "en"
+    here: str | None = None  # the area the assistant stands in ("the light here")
+
+    def __post_init__(self) -> None:
+        self.grammar = HomeGrammar(self.devices, self.language, self.here)
+        self._understood = functools.lru_cache(maxsize=16)(self._understand)
 
     @classmethod
-    def from_config(cls, mqtt: MQTTConfig) -> Home | None:
+    def from_config(cls, mqtt: MQTTConfig, language: str = "en") -> Home | None:
         """The home of ``mqtt.devices``; None when no device is named (then the plain allow-list prompt is used)."""
         if not mqtt.devices:
             return None
-        devices = [HomeDevice(d.name, d.topic, tuple(d.payloads), d.area, d.state_topic) for d in mqtt.devices]
+        devices = [
+            HomeDevice(
+                d.name,
+                d.topic,
+                tuple(d.payloads),
+                d.area,
+                d.state_topic,
+                d.domain or infer_domain(d.payloads, d.topic),
+                tuple(d.aliases),
+                d.floor,
+                d.device_class or device_class(d.name, d.aliases, language),
+            )
+            for d in mqtt.devices
+        ]
         named = {d.topic for d in devices}
         extra = {t: list(p) for t, p in mqtt.allowed_actions.items() if t not in named}
-        return cls(devices, extra)
+        return cls(devices, extra, language=language, here=mqtt.area)
 
     @property
     def allowed(self) -> dict[str, list[str]]:
         return {**self.extra, **{d.topic: list(d.payloads) for d in self.devices}}
 
     def resolve(self, device: str) -> str:
-        """The command topic of the device a ``control_device`` call names: its name (any case), a topic the model
-        wrote instead, or else the one device whose name's words are all in what it wrote (measured: the model
-        copies the user's "bedroom light lamp"). Anything else comes back as it is: no topic, so it is refused.
-        Only the name is read here; whether the user asked for that device is still the grounding's question."""
-        by_name = {d.name.casefold(): d.topic for d in self.devices}
-        if device.casefold() in by_name:
-            return by_name[device.casefold()]
-        if device in self.allowed:
-            return device
-        said = set(words(device))
-        matches = [d.topic for d in self.devices if set(words(d.name)) <= said]
-        return matches[0] if len(matches) == 1 else device
+        """The command topic of the device a ``control_device`` call names: its name or an alias (any case), or a
+        topic the model wrote instead. Anything else comes back as it is: no topic, so it is refused."""
+        by_name = {n.casefold(): d.topic for d in self.devices for n in (d.name, *d.aliases)}
+        return by_name.get(device.casefold(), device)
 
     def prompt(self, action_format: str = "markers") -> str:
         """The system prompt for a home assistant (voice/dialog/home_prompt.py): nothing in it changes between
         turns, so it stays the cached prefix of every turn."""
         return home_prompt(self.devices, self.extra, action_format)
 
-    def named(self, text: str) -> list[HomeDevice]:
-        """The devices the words name (``HomeDevice.named_in``); when they name none so, the one device of its kind
-        in its area, said as "the <kind>" with the area ("the light in the bedroom", one light there; not "the
-        aquarium light in the living room")."""
-        said, many = words(text), plurals(text)
-        if named := [d for d in self.devices if d.named_in(said, many)]:
-            return named
-        kinds = Counter((d.area, d.kind) for d in self.devices)
-        plain = {w for before, w in zip(["", *said[:-1]], said, strict=True) if before in PLACE_WORDS}  # "the lamp"
-        return [
-            d
-            for d in self.devices
-            if d.area and kinds[d.area, d.kind] == 1 and d.kind in plain and set(words(d.area)) <= set(said)
-        ]
+    # ---- understanding ---------------------------------------------------------------------------------------
 
-    def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
-        """The question back (``ask_value``), after the device's state when one has come: words heard without their
-        question word ("Or our bedside lamp off." for "are our bedside lamp off") may have asked for it."""
-        state = self.states.get(device.state_topic or "", "").casefold()
-        verb = "are" if plurals(device.name) else "is"  # "the garden lights are", "the garage door is"
-        said = f" The {device.name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
-        return said + ask_value(device, values)
+    def understand(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Understood:
+        """What the words ask (cached: a turn asks several times): an answer to the last question back, else the
+        matcher's reading; spoken words that match nothing may name a device they only sound like (a guess)."""
+        return self._understood(text, _last_reply(history), spoken)
 
-    def elsewhere(self, said: Sequence[str], named: Iterable[HomeDevice]) -> bool:
-        """The words name an area that none of the devices they name is in or named after: "Switch on the Living
-        room, Bedroom light light." was heard for the aquarium light in the living room (not a listed device; the
-        hint's names drew Whisper). "... kitchen light and the hallway light" names both of theirs."""
-        own = {w for d in named for w in [*words(d.name), *words(d.area or "")]}
-        areas = {d.area for d in self.devices if d.area}
-        return any(set(place) <= set(said) and not set(place) <= own for place in map(words, areas))
+    def _understand(self, text: str, last_reply: str, spoken: bool) -> Understood:
+        reading = self.grammar.read(text)
+        if (asked := self._asked_in(last_reply)) is not None and not _certain(reading):
+            device, values = asked
+            answer = self.grammar.answer(text, device.payloads)
+            if answer is not None and not answer.yes:
+                return Declined()
+            if answer is not None and (value := answer.value or (values[0] if len(values) == 1 else None)):
+                return Act((Command(device, value),), certain=True, intent="answer")
+        if isinstance(reading, NoMatch) and spoken and (guess := self.guess(text)) is not None:
+            return guess
+        return reading
 
-    def follow_up(self, text: str, history: Sequence[dict] = ()) -> str:
-        """The user's words, with the device the last reply asked about (``ask_value``) when they answer it and
-        name no device of their own: "On." after "Do you want the sprinkler on or off?" is "On. (the sprinkler)",
-        "Yes." after "Do you want the fan on?" is "Yes. (the fan on)"; that names it (and the value) for the
-        grounding, the constrained decode and the model alike."""
-        if (asked := self.asked_back(history)) is None or self.named(text):
-            return text
-        device, values = asked
-        if asked_values(device.payloads, words(text)):  # "Off." to either question
-            return f"{text} (the {device.name})"
-        if len(values) == 1 and YES_WORDS & set(words(text)):
-            return f"{text} (the {device.name} {_say(values[0])})"
-        return text
+    def guess(self, text: str) -> Act | None:
+        """Spoken words that match nothing, read with a span said as a device's name instead: the device the audio
+        chose ("Set the memory light 50 (the bedroom light)", voice/dialog/rehearing.py), else the one whose name
+        the words are spelled most like. A guess is never done at once: it is asked back."""
+        by_name = {d.name: d for d in self.devices}
+        if (chosen := _GUESS.fullmatch(text)) and chosen[2] in by_name:
+            text, candidates = chosen[1], [by_name[chosen[2]]]
+        elif (at := sounds_like(tuple(words(text)), tuple(by_name))) is not None:
+            candidates = [self.devices[at]]
+        else:
+            return None
+        for device in candidates:
+            for said in said_as(text, device.name):
+                reading = self.grammar.read(said)
+                if isinstance(reading, Act) and {c.device for c in reading.commands} == {device}:
+                    return Act(reading.commands, certain=False, intent=reading.intent)
+        return None
 
     def asked_back(self, history: Sequence[dict]) -> tuple[HomeDevice, list[str]] | None:
         """The device the last reply ended by asking about (``ask_value``), and the values the question named (one:
         "do you want it on?", which "yes" answers; more: which of them); None when it asked nothing."""
-        last = history[-1] if history else {}
-        content = last.get("content") if last.get("role") == "assistant" else None
-        if not isinstance(content, str) or not content.rstrip().endswith("?") or ASK_BACK not in content:
+        return self._asked_in(_last_reply(history))
+
+    def _asked_in(self, content: str) -> tuple[HomeDevice, list[str]] | None:
+        if not content.rstrip().endswith("?") or ASK_BACK not in content:
             return None
         question = content[content.rfind(ASK_BACK) + len(ASK_BACK) :]
         for device in sorted(self.devices, key=lambda d: -len(d.name)):
             if question.startswith(f" {device.name} "):
                 said = f" {' '.join(words(question[len(device.name) + 1 :]))} "
-                return device, [p for p in device.payloads if f" {' '.join(words(_say(p)))} " in said]
+                return device, [p for p in device.payloads if f" {' '.join(words(say_value(p)))} " in said]
         return None
 
     def answers(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
         """What a short answer to the last question back may be, for the recogniser to choose among when the words
-        it heard answer nothing (no value, no yes, no no, no device): tiny.en heard "Turn it on, please." as "Tommy
-        tongue, please." in one espeak-ng voice every time. The values the question named and the device's word
-        values (``answer_forms``), yes when it named one, and no. [] when there was no question back or the words
-        answer it."""
-        if (asked := self.asked_back(history)) is None or self.follow_up(heard, history) != heard:
+        it heard answer nothing and command nothing: sentences of the answer grammar for the device's values. []
+        when there was no question back or the words are understood."""
+        if (asked := self.asked_back(history)) is None:
             return []
-        if self.named(heard) or {"no", "nope", "not", "dont"} & set(words(heard)):
+        if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answer(heard, asked[0].payloads):
             return []
-        device, named = asked  # any of its word values answers too: "Turn it off." to "Do you want it on?"
-        values = dict.fromkeys([*named, *(p for p in device.payloads if not p.isdigit())])
-        yes = ["Yes.", "Yes, please."] if len(named) == 1 else []
-        return [*(form for v in values for form in answer_forms(v)), *yes, "No.", "No, thanks."]
-
-    def hear(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> Heard:
-        """The words as the grounding, the constrained decode and the model read them: an answer to the last
-        question back (``follow_up``); else, for spoken words that name no device, ask for something and ask
-        nothing about state, the device they sound like (``sounds_like``, or the audio chose it:
-        voice/dialog/rehearing.py): "Close my garbage door. (the garage door)" (``guessed_as``), which the
-        grounding asks back about before anything is done."""
-        answer = self.follow_up(text, history)
-        if answer != text:
-            return Heard(answer, answered=True)
-        by_name = {d.name: d for d in self.devices}
-        if spoken and (guess := _GUESS.fullmatch(text)) and guess[2] in by_name and not self.named(guess[1]):
-            return Heard(text, guessed=by_name[guess[2]])  # guessed before (by the audio)
-        if not self.guessing(text, spoken) or (at := sounds_like(tuple(words(text)), tuple(by_name))) is None:
-            return Heard(text)
-        if not self.asks_of(self.devices[at], text):
-            return Heard(text)
-        return Heard(guessed_as(text, self.devices[at]), guessed=self.devices[at])
-
-    def guessing(self, text: str, spoken: bool) -> bool:
-        """Whether a device may be guessed for the words: spoken, naming none, asking nothing about state."""
-        return spoken and not self.named(text) and not asks_state(text)
-
-    def asks_of(self, device: HomeDevice, text: str) -> bool:
-        """The words ask something of the device, if it is the one meant: one of its values, or a request word."""
-        said = words(text)
-        return bool(asked_values(device.payloads, said) or REQUEST_WORDS & set(said))
+        return self.grammar.sample_answers(asked[0].payloads)
 
     def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
-        """Spoken words that name no device, that no name is spelled like (``hear``) and that nothing hedges, said
-        with a span as a device's name (``said_as``): each such text with its device, for the recogniser to score
-        against the audio ("Set the memory light 50" -> "Set the bedroom light 50"). {} otherwise."""
-        heard = self.hear(text, history, spoken=True)
-        if heard.text != text or heard.guessed or not self.guessing(text, True) or HEDGES & set(words(text)):
+        """Spoken words that match nothing, said with a span as a device's name (``said_as``) where that makes a
+        command the matcher reads: each such text with its device, for the recogniser to score against the audio
+        ("Set the memory light 50" -> "Set the bedroom light 50"). {} otherwise."""
+        if not isinstance(self.understand(text, history, spoken=False), NoMatch):
             return {}
-        return {said: d for d in self.devices if self.asks_of(d, text) for said in said_as(text, d.name)}
+        found: dict[str, HomeDevice] = {}
+        for device in self.devices:
+            for said in said_as(text, device.name):
+                reading = self.grammar.read(said)
+                if isinstance(reading, Act) and reading.certain and {c.device for c in reading.commands} == {device}:
+                    found[said] = device
+        return found
+
+    # ---- what the model sees, and what a reply may do ---------------------------------------------------------
 
     def annotate(self, text: str, history: Sequence[dict] = (), spoken: bool = False) -> str:
-        """The user's words as the model sees them: ``hear``, and with the state of the devices asked about
-        when the words ask about state (the named devices, else those of the kind named: "which lights are on")."""
-        text = self.hear(text, history, spoken).text
-        if not asks_state(text):
-            return text
-        shown = [d for d in self.named(text) if d.state_topic]
-        if not shown:
-            heard = set(words(text))
-            shown = [d for d in self.devices if d.state_topic and d.kind in heard]
-        if not shown:
+        """The user's words as the model sees them: an answer with the command it completes ("Yes. (the reading
+        light on)"); a question with the state of the devices it is about; a later request or a value a device
+        cannot take with a note that says so."""
+        understood = self.understand(text, history, spoken)
+        if isinstance(understood, Act) and understood.intent == "answer":
+            command = understood.commands[0]
+            return f"{text} (the {command.device.name} {say_value(command.payload)})"
+        if isinstance(understood, Declined):
+            return f"{text}\n(note: the user said no; nothing was changed)"
+        if isinstance(understood, Later):
+            return f"{text}\n(note: you cannot do anything at a later time, only now; say so)"
+        if isinstance(understood, CannotDo):
+            takes = "; ".join(f"the {d.name} takes {', '.join(d.payloads)}" for d in understood.devices)
+            return f"{text}\n(note: {takes}; say that you cannot do what was asked)"
+        shown = understood.devices if isinstance(understood, AskState) else self.mentioned(text)
+        shown = tuple(d for d in shown if d.state_topic)
+        if not shown or isinstance(understood, Act):
             return text
         values = [self.states.get(d.state_topic or "", UNKNOWN) for d in shown]
         known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
         return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
 
+    def mentioned(self, text: str) -> list[HomeDevice]:
+        """The devices whose name or an alias stands in the words ("do you know if the kettle is on")."""
+        said = f" {' '.join(words(text))} "
+        return [d for d in self.devices if any(f" {' '.join(words(n))} " in said for n in (d.name, *d.aliases))]
+
+    def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
+        """The question back (``ask_value``), after the device's state when one has come."""
+        state = self.states.get(device.state_topic or "", "").casefold()
+        verb = "are" if device.name.endswith("s") and not device.name.endswith("ss") else "is"
+        said = f" The {device.name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
+        return said + ask_value(device, values)
+
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
-        """A check for ActionParser: None when the user's words (``follow_up``) ask for this action, else why not.
-        A device named with none of its values is asked back about (``ask_value``). So is a ``spoken`` command
-        that the words only sound like (``hear``), that asks for two values, that names another area
-        (``elsewhere``), whose value only an "on" before a place asks for (``only_by_a_place``), or that has no
-        request word (``requests``): it may be a question heard without its first word."""
-        h = self.hear(heard, history, spoken)
-        heard, said = h.text, words(h.text)
-        question, devices = asks_state(heard), self.named(heard)
-        named, by_topic = {d.topic for d in devices}, {d.topic: d for d in self.devices}
+        """A check for ActionParser: None when the words ask for this action now, else why not. A strict reading's
+        commands pass; a guess's, and any command of a named device the model proposes when nothing matched, are
+        asked back; everything else is refused."""
+        understood = self.understand(heard, history, spoken)
+        by_topic = {d.topic: d for d in self.devices}
 
         def check(topic: str, payload: str) -> Refusal | None:
             if not self.grounded:
                 return None
-            if question:
+            if isinstance(understood, AskState):
                 return Refusal("the user asked a question, not for a change (a question about state never acts)")
+            if isinstance(understood, Later):
+                return Refusal("the user asked for a later time; nothing is done now", LATER_SPEECH)
+            if isinstance(understood, CannotDo | Declined):
+                return Refusal(f"the user's words ask for nothing the devices can do ({understood})")
             if (device := by_topic.get(topic)) is None:
                 return None  # an allow-listed topic without a name: the allow-list alone decides
-            if topic not in named:
-                return Refusal(f"the user's words do not name the {device.name!r}")
-            if payload not in (asked := asked_values(device.payloads, said)):
-                why = f"the user's words do not ask for {payload!r} (heard as {heard!r})"
-                if asked or any(w.isdigit() for w in said):  # a value it cannot take ("25%"): no question
-                    return Refusal(why)
-                return Refusal(why + ": asked back", self.ask(device))
-            if not spoken or h.answered:
-                return None
-            two = len(asked) > 1 and len(devices) == 1  # "turn on the lamp and off the fan" asks for each one
-            if h.guessed == device or two or self.elsewhere(said, devices) or only_by_a_place(payload, said):
-                return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, asked))
-            if not requests(heard, device.name, device.payloads):
-                return Refusal(f"heard no request word in {heard!r}: asked back", self.ask(device, [payload]))
-            return None
+            if isinstance(understood, Act):
+                if (topic, payload) not in {(c.topic, c.payload) for c in understood.commands}:
+                    return Refusal(f"the user's words ask for other commands ({understood.intent}), not {payload!r}")
+                if understood.certain:
+                    return None
+                return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, [payload]))
+            return Refusal(f"nothing matched {heard!r}; the model proposed it: asked back", self.ask(device, [payload]))
 
         return check
 
-    def opening(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> list[tuple[str, str]]:
-        """The commands one of which the reply opens with when the words (``follow_up``) leave the model nothing
-        to decide, as Home Assistant matches its sentences before any model: they name one device, nothing hedges
-        them (``HEDGES``: "don't", "when") or makes them a question ("?", a question opener), and they ask for one
-        of its values that the grounding lets through or asks back about (that command), or for none of them (all
-        its values: the grounding turns the one written into the question back, ``ask_value``). Else []: the
-        model decides. Measured on configs/home_cases.json: 249 of its 270 commands open with their command, none
-        wrong, and none of the 142 other cases opens with anything."""
-        text = self.hear(heard, history, spoken).text
-        said, named = words(text), self.named(text)
-        hedged = HEDGES & set(said) or text.rstrip().endswith("?")
-        if not self.grounded or len(named) != 1 or asks_state(text) or hedged:
+    def opening(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> list[Command]:
+        """The commands the reply opens with: those of a reading that asks for them (done when certain; else the
+        grounding turns the first into the question back). [] when the model decides."""
+        understood = self.understand(heard, history, spoken) if self.grounded else NoMatch()
+        if not isinstance(understood, Act):
             return []
-        device = named[0]
-        asked = asked_values(device.payloads, said)
-        if len(asked) > 1 and not spoken:  # spoken, the grounding asks which
-            return []
-        check = self.grounding(heard, history, spoken)
-        allowed = [(device.topic, p) for p in asked or device.payloads]
-        return [(t, p) for t, p in allowed if (refusal := check(t, p)) is None or refusal.asks_back]
+        return list(understood.commands if understood.certain else understood.commands[:1])
 
     def set_state(self, state_topic: str, value: str) -> bool:
         """Keep a state topic's latest value; False when no device has that state topic."""
@@ -326,8 +290,19 @@ class Home:
         return True
 
 
+def _certain(reading: Reading) -> bool:
+    return isinstance(reading, Act) and reading.certain
+
+
+def _last_reply(history: Sequence[dict]) -> str:
+    last = history[-1] if history else {}
+    content = last.get("content") if last.get("role") == "assistant" else None
+    return content if isinstance(content, str) else ""
+
+
 def guessed_as(text: str, device: HomeDevice) -> str:
-    """Words that name no device, with the one guessed for them: "Close my garbage door. (the garage door)"."""
+    """Words that name no device, with the one the audio chose for them: "Set the memory light 50 (the bedroom
+    light)" (``Home.guess`` reads it back)."""
     return f"{text} (the {device.name})"
 
 
@@ -336,11 +311,11 @@ _GUESS = re.compile(r"(.*) \(the (.+)\)", re.DOTALL)  # ``guessed_as``'s form
 
 def _yes_or_no(question: str, values: list[str]) -> str:
     """For a yes/no question about one device's state ("is the garage door closed?"), the answer the state
-    gives: measured, the small model opened with "Yes" whatever the state it was shown. "" when the question
-    names no single state (or both, "open or closed") or the state is not one of a known pair."""
+    gives: the small model opened with "Yes" whatever the state it was shown. "" when the question names no
+    single state (or both, "open or closed") or the state is not one of a known pair."""
     if len(values) != 1 or (value := values[0].casefold()) not in OPPOSITE:
         return ""
-    named = {w for w in words(question)} & {value, OPPOSITE[value]}
+    named = set(words(question)) & {value, OPPOSITE[value]}
     if len(named) != 1:
         return ""
     return "; so the answer is yes" if named == {value} else "; so the answer is no"
@@ -392,11 +367,12 @@ def constrained_commands(
     list ("[ACTION home/front_door/lock/set") would be made into an allowed command instead of refused."""
     if home is None:
         return {}
-    text = home.hear(text, history, spoken).text
-    if asks_state(text) or not home.grounded:
-        return {} if home.grounded else home.allowed
-    asked = {d.topic: asked_values(d.payloads, words(text)) for d in home.named(text)}
-    return {topic: values for topic, values in asked.items() if values}
+    if not home.grounded:
+        return home.allowed
+    commands: dict[str, list[str]] = {}
+    for command in home.opening(text, history, spoken):
+        commands.setdefault(command.topic, []).append(command.payload)
+    return commands
 
 
 def marker_choices(
@@ -407,4 +383,6 @@ def marker_choices(
     commands = constrained_commands(home, text, history, spoken)
     opening = home.opening(text, history, spoken) if home is not None else []
     choices = [f" {topic} {p}]" for topic, payloads in commands.items() for p in payloads]
-    return choices, [f"[{KEYWORD} {topic} {p}]" for topic, p in opening]
+    if home is not None and isinstance(home.understand(text, history, spoken), Later):
+        return choices, [LATER_SPEECH.strip()]
+    return choices, ["".join(f"[{KEYWORD} {c.topic} {c.payload}]" for c in opening)] if opening else []

@@ -411,7 +411,7 @@ class Session:
 
     # ---- text in --------------------------------------------------------------------------------------------
 
-    async def ask(self, text: str | None, *, speak: bool = True) -> TurnDone:
+    async def ask(self, text: str | None, *, speak: bool = True, spoken: bool = False) -> TurnDone:
         """A text turn: the reply is generated (and spoken) with the same events as a voice turn. ``None``: no new
         words, the reply continues the history as it is (a greeting; the answer after a function's output)."""
         if text is not None:
@@ -422,7 +422,7 @@ class Session:
         self._carried = []  # a typed question supersedes spoken words still waiting for their end
         trace = self._new_trace()
         trace.mark("turn_start", time.monotonic())
-        self._turn = turn = Turn(self.ctx, text or "", trace, speak=speak).start()
+        self._turn = turn = Turn(self.ctx, text or "", trace, speak=speak, spoken=spoken).start()
         done = await self._wait(turn)
         assert done is not None
         return done

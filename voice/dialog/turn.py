@@ -17,147 +17,24 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Sequence
 
 from audio.resample import resample
-from llm.settings import DecodeSettings, Emission
 from voice import tasks
-from voice.config import TTSConfig
-from voice.dialog.actions import ACTION_TOOL, KEYWORD, ActionParser, take_action_calls
-from voice.dialog.home import Home, marker_choices
+from voice.dialog.actions import ACTION_TOOL, ActionParser, take_action_calls
+from voice.dialog.context import TurnContext, asked
+from voice.dialog.early_reply import EarlyReply, Pieces, close_reply
 from voice.dialog.rehearing import rehear
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
-from voice.events import ActionRequested, Event, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
+from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
 from voice.hearing.listener import Utterance
-from voice.latency import LatencyStats, LatencyTrace
-from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
-from voice.speaking.chunker import Chunker
-from voice.tasks import cancel_and_wait, start
+from voice.latency import LatencyTrace
+from voice.ports import AudioSink
+
+__all__ = ["EarlyReply", "Turn", "TurnContext", "asked"]  # what a session builds a turn from
 
 log = logging.getLogger("specvoice.turn")
-
-
-@dataclass
-class TurnContext:
-    """What every turn of one session speaks with; built once by the session."""
-
-    conversation: Chat
-    decode: DecodeSettings
-    tts: SpeechSynthesizer
-    tts_config: TTSConfig
-    sink: AudioSink | None  # None: the audio goes nowhere but in ReplyAudio events
-    emit: Callable[[Event], None]
-    set_state: Callable[[State], None]
-    generation_lock: asyncio.Lock  # one generation at a time across sessions, first come first served
-    stats: LatencyStats
-    turn_timeout_s: float
-    stt_timeout_s: float
-    allowed_actions: dict[str, list[str]]
-    home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
-    resolve_device: Callable[[str], str] | None = None  # actions as control_device calls (name -> topic); None: markers
-    constrained: bool = False  # markers whose command is a constrained decode (mqtt.action_format = "constrained")
-    session_id: str = ""
-    warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
-    tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
-
-    def chunker(self) -> Chunker:
-        return Chunker.from_config(self.tts_config)
-
-
-def asked(ctx: TurnContext, text: str, spoken: bool) -> str | None:
-    """The user's words as the model gets them: with the state of the devices asked about, when they ask. In the
-    constrained format, after "[ACTION" the reply can then only go on with a command the grounding would let
-    through, and a command the words decide alone opens it (``marker_choices``); a remote model has no ``constrain``."""
-    if ctx.constrained and ctx.allowed_actions and (set_up := getattr(ctx.conversation, "constrain", None)):
-        set_up(f"[{KEYWORD}", *marker_choices(ctx.home, text, ctx.conversation.messages, spoken))
-    return (ctx.home.annotate(text, ctx.conversation.messages, spoken) if ctx.home is not None else text) or None
-
-
-Pieces = AsyncGenerator["Emission | str", None]  # what a turn speaks: the LLM's emissions, or a fixed text
-
-
-async def close_reply(stream: AsyncIterator[Emission]) -> None:
-    """Stop a ``Chat.reply`` stream now, not when the garbage collector gets to it: until then the conversation
-    is busy and its engine may still be stepping it. Every reply is an async generator (voice/ports.py)."""
-    if isinstance(stream, AsyncGenerator):
-        await stream.aclose()
-
-
-class EarlyReply:
-    """A reply generated from the pause transcript before the end of the turn is decided. Its emissions wait in
-    a queue until a turn adopts it; until then nothing is spoken or sent, and a reply that is dropped leaves the
-    conversation as if it never ran (it is never committed)."""
-
-    def __init__(self, ctx: TurnContext, text: str, on_adopt: Callable[[], None] | None = None) -> None:
-        self.ctx, self.text = ctx, text
-        self.started = time.monotonic()  # how far ahead of the end of the turn it began: the eager end's gain
-        self._on_adopt = on_adopt
-        self._adopted = False
-        self._queue: asyncio.Queue[Emission | Exception | None] = asyncio.Queue()  # ... then None at the end
-        self._output = asyncio.Event()  # set at the first emission or the end (``first_output``)
-        self._generated: list[str] = []  # the text of every emission so far (``generated``)
-        self._task = start(self._generate(), name="early reply")
-
-    @property
-    def alive(self) -> bool:
-        return not self._task.cancelled()
-
-    async def _generate(self) -> None:
-        ctx = self.ctx
-        await ctx.generation_lock.acquire()
-        try:
-            stream = ctx.conversation.reply(asked(ctx, self.text, spoken=True), ctx.decode, commit=False)
-            try:
-                async for emission in stream:
-                    self._queue.put_nowait(emission)
-                    self._generated.append(emission.text)
-                    self._output.set()
-            finally:
-                await close_reply(stream)
-        except asyncio.CancelledError:
-            raise
-        except Exception as exc:  # surfaces in the turn that adopts this reply
-            self._queue.put_nowait(exc)
-        finally:
-            ctx.generation_lock.release()
-            self._queue.put_nowait(None)
-            self._output.set()
-
-    async def first_output(self) -> None:
-        """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
-        output = start(self._output.wait())
-        await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        output.cancel()
-
-    async def generated(self) -> str:
-        """Until the whole reply is generated; its text so far (a lockstep test lets a guess run to its end)."""
-        await asyncio.wait({self._task})
-        return "".join(self._generated)
-
-    async def discard(self) -> None:
-        """Stop it and forget it: the history never sees it (the caches drop its tokens at the next turn)."""
-        await cancel_and_wait(self._task)
-        if not self._adopted and self.ctx.conversation.uncommitted:
-            self.ctx.conversation.discard()
-
-    def adopt(self) -> Pieces:
-        """The reply is the turn's: what was generated so far, then the rest as it comes. Closing the stream
-        early (barge-in) stops the generation; the turn then commits what was heard, like any reply."""
-        self._adopted = True
-        if self._on_adopt is not None:
-            self._on_adopt()
-        return self._pieces()
-
-    async def _pieces(self) -> Pieces:
-        try:
-            while (item := await self._queue.get()) is not None:
-                if isinstance(item, Exception):
-                    raise item
-                yield item
-        finally:
-            await cancel_and_wait(self._task)
 
 
 class Turn:
@@ -181,8 +58,10 @@ class Turn:
         utterance: Utterance | None = None,
         early: EarlyReply | None = None,
         before: Sequence[Utterance] = (),
+        spoken: bool = False,
     ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
+        self.spoken = spoken or utterance is not None  # words a recogniser heard (here or elsewhere): may be misheard
         self.source, self.utterance, self.early = source, utterance, early
         if early is not None:  # the eager end of turn's gain: the reply began this long before the turn ended
             trace.extra["early_lead_ms"] = round((time.monotonic() - early.started) * 1000)
@@ -263,8 +142,8 @@ class Turn:
                 await self._drop_early()
                 return None
             self.text = text
-        home, spoken = ctx.home, self.utterance is not None  # a heard command may be a question misheard
-        ground = home.grounding(self.text, ctx.conversation.messages, spoken) if home and self.text else None
+        home = ctx.home
+        ground = home.grounding(self.text, ctx.conversation.messages, self.spoken) if home and self.text else None
         markers = ctx.resolve_device is None
         parser = (
             ActionParser(ctx.allowed_actions, ground, once_per_topic=ctx.home is not None, markers=markers)
@@ -353,7 +232,7 @@ class Turn:
 
     async def _generate(self) -> Pieces:
         """The LLM's stream; the generation lock is freed the moment generation ends (the rest is only speech)."""
-        prompt = asked(self.ctx, self.text, spoken=self.utterance is not None)
+        prompt = asked(self.ctx, self.text, spoken=self.spoken)
         stream = self.ctx.conversation.reply(prompt, self.ctx.decode, commit=False)
         try:
             async for emission in stream:

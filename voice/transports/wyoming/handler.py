@@ -342,7 +342,7 @@ class WyomingHandler(AsyncEventHandler):
                 async def chunk(piece: str) -> None:
                     await self.write_event(HandledChunk(piece).event())
 
-                done, failure = await routed.run(lambda session: session.ask(text, speak=False), chunk)
+                done, failure = await routed.run(lambda session: session.ask(text, speak=False, spoken=True), chunk)
                 if failure is None:
                     await self.write_event(Handled(done.reply, context=context).event())
                 else:

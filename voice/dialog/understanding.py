@@ -1,0 +1,423 @@
+"""What a user's words ask of the home, read the way Home Assistant reads them.
+
+Home Assistant's own sentences (``home-assistant-intents``) are matched by its own matcher (``hassil``), with slot
+lists built from the configured devices: their names and aliases, areas and floors. A match is an intent with
+slots; ``DEEDS`` turns it into commands through each device's domain and allow-listed payloads. Nothing here is
+an English word list: the words live in the sentence data, Home Assistant's and ours (voice/dialog/sentences/).
+
+How sure a reading is decides what happens (voice/dialog/home.py):
+- a strict match of the whole sentence is ``certain``: it acts;
+- a match after dropping a few words at either end ("switch the porch light on, the kids are coming home") is a
+  guess: the assistant asks back before anything is done;
+- no match: the language model answers, and whatever command it proposes is asked back too.
+Questions about state, requests for a later time and values a device cannot take never act.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from hassil import Intents, recognize_all
+from hassil.expression import TextChunk
+from hassil.intents import SlotList, TextSlotList, TextSlotValue
+from hassil.recognize import RecognizeResult
+from hassil.sample import sample_intents
+from home_assistant_intents import get_intents
+from unicode_rbnf import RbnfEngine
+
+from voice.dialog.devices import HomeDevice
+
+SENTENCES = Path(__file__).parent / "sentences"
+# Dropped from either end of a sentence that does not match as a whole, at most this many words in all: the
+# matcher's tolerance for a clause it has no template for. Such a match is only ever asked back.
+FUZZY_WORDS = 4
+
+YES, NO, VALUE = "SpecvoiceYes", "SpecvoiceNo", "SpecvoiceValue"  # the answers to a question back (our sentences)
+STATE_INTENTS = frozenset({"HassGetState", "HassClimateGetTemperature"})
+LATER_INTENT = "HassStartTimer"  # with a command: Home Assistant's delayed command ("... in ten minutes")
+
+
+@dataclass(frozen=True)
+class Command:
+    """One command for one device: its command topic and an allow-listed payload."""
+
+    device: HomeDevice
+    payload: str
+
+    @property
+    def topic(self) -> str:
+        return self.device.topic
+
+
+@dataclass(frozen=True)
+class Act:
+    """The words ask for these commands now. ``certain``: a strict match (done at once); else asked back first."""
+
+    commands: tuple[Command, ...]
+    certain: bool
+    intent: str
+
+
+@dataclass(frozen=True)
+class AskState:
+    """The words ask how devices are ("is the back door locked?", "which lights are on?"): never acts."""
+
+    devices: tuple[HomeDevice, ...]
+
+
+@dataclass(frozen=True)
+class Later:
+    """The words ask for a command at a later time ("turn off the lamp in ten minutes"): not done now."""
+
+    command: str
+
+
+@dataclass(frozen=True)
+class CannotDo:
+    """The words ask something the named devices cannot do (a value off their allow-list): said, not done."""
+
+    devices: tuple[HomeDevice, ...]
+    intent: str
+
+
+@dataclass(frozen=True)
+class Answer:
+    """A short answer to the assistant's question back: ``yes``, ``no``, or the ``value`` wanted."""
+
+    yes: bool
+    value: str | None = None
+
+
+@dataclass(frozen=True)
+class NoMatch:
+    """No sentence matches: the language model answers (and any command it proposes is asked back)."""
+
+
+Reading = Act | AskState | Later | CannotDo | NoMatch
+
+
+# What each intent asks of a device of a domain: the payloads that say it, in order of preference; the first one
+# the device allows is sent. ``None`` stands for any other domain.
+_TURN_ON: dict[str | None, tuple[str, ...]] = {
+    "cover": ("OPEN",),
+    "valve": ("OPEN",),
+    "lock": ("LOCK",),
+    "media_player": ("PLAY", "ON"),
+    "vacuum": ("START",),
+    None: ("ON",),
+}
+_TURN_OFF: dict[str | None, tuple[str, ...]] = {
+    "cover": ("CLOSE", "CLOSED"),
+    "valve": ("CLOSE", "CLOSED"),
+    "lock": ("UNLOCK",),
+    "media_player": ("PAUSE", "OFF"),
+    "vacuum": ("STOP", "DOCK"),
+    None: ("OFF",),
+}
+DEEDS: dict[str, dict[str | None, tuple[str, ...]]] = {
+    "HassTurnOn": _TURN_ON,
+    "HassTurnOff": _TURN_OFF,
+    "HassMediaPause": {None: ("PAUSE",)},
+    "HassMediaUnpause": {None: ("PLAY", "RESUME")},
+    "HassMediaNext": {None: ("NEXT",)},
+    "HassMediaPrevious": {None: ("PREVIOUS",)},
+    "HassMediaPlayerMute": {None: ("MUTE",)},
+    "HassMediaPlayerUnmute": {None: ("UNMUTE",)},
+    "HassVacuumStart": {None: ("START",)},
+    "HassVacuumReturnToBase": {None: ("DOCK", "RETURN")},
+    "HassLawnMowerStartMowing": {None: ("START",)},
+    "HassLawnMowerDock": {None: ("DOCK",)},
+}
+# Intents whose value is a number in a slot: the payload is that number as the allow-list spells it.
+NUMBERS = {
+    "HassLightSet": "brightness",
+    "HassSetPosition": "position",
+    "HassClimateSetTemperature": "temperature",
+    "HassSetVolume": "volume",
+    "HassFanSetSpeed": "percentage",
+}
+# A position of 100 or 0 is also said as open or closed.
+_ENDS = {100: _TURN_ON, 0: _TURN_OFF}
+
+
+def infer_domain(payloads: Sequence[str], topic: str) -> str:
+    """A device's Home Assistant domain when the config gives none: a topic level that names a domain, else what
+    its payloads can do (lock/unlock: a lock; open/close: a cover; play/pause: a media player; on/off with numbers:
+    a dimmable light; numbers alone: a thermostat; else a switch)."""
+    levels = topic.casefold().split("/")
+    if known := [level for level in levels if level in DOMAINS]:
+        return known[-1]
+    has = {p.casefold() for p in payloads}
+    numbers = any(p.isdigit() for p in payloads)
+    if {"lock", "unlock"} <= has:
+        return "lock"
+    if "open" in has and has & {"close", "closed"}:
+        return "cover"
+    if {"play", "pause"} <= has:
+        return "media_player"
+    if numbers and not has & {"on", "off"}:
+        return "climate"
+    return "light" if numbers else "switch"
+
+
+DOMAINS = frozenset({"light", "switch", "fan", "cover", "lock", "climate", "media_player", "valve", "vacuum"})
+
+
+def device_class(name: str, aliases: Sequence[str], language: str = "en") -> str | None:
+    """A cover's class as Home Assistant's ``cover_classes`` list names it ("blind" for "bay window blinds"): the
+    list's own words, found in the name or an alias; None when none is there."""
+    said = [f" {n.casefold()} " for n in (name, *aliases)]
+    for value in _language_data(language).get("lists", {}).get("cover_classes", {}).get("values", []):
+        forms = _forms(str(value.get("in", "")))
+        if any(f" {form} " in s for form in forms for s in said):
+            return str(value.get("out"))
+    return None
+
+
+def _forms(template: str) -> list[str]:
+    """The plain forms of a list entry like "blind[s]" (both) or "garage door[s]"."""
+    if "[" not in template:
+        return [template.casefold()]
+    stem, _, rest = template.partition("[")
+    optional, _, after = rest.partition("]")
+    return [f"{stem}{after}".casefold(), f"{stem}{optional}{after}".casefold()]
+
+
+@functools.cache
+def _language_data(language: str) -> dict[str, Any]:
+    """Home Assistant's sentences for the language with ours merged in (both as hassil reads them)."""
+    data = get_intents(language)
+    if data is None:
+        raise ValueError(f"home-assistant-intents has no sentences for language {language!r}")
+    data = {**data, "intents": dict(data["intents"]), "expansion_rules": dict(data.get("expansion_rules", {}))}
+    ours_path = SENTENCES / f"{language}.yaml"
+    if ours_path.exists():
+        ours = yaml.safe_load(ours_path.read_text())
+        for name, intent in ours.get("intents", {}).items():
+            known = data["intents"].get(name, {"data": []})
+            data["intents"][name] = {**known, "data": [*known["data"], *intent["data"]]}
+        data["expansion_rules"].update(ours.get("expansion_rules", {}))
+        data["lists"] = {**data.get("lists", {}), **ours.get("lists", {})}
+    return data
+
+
+@functools.cache
+def _intents(language: str) -> Intents:
+    return Intents.from_dict(_language_data(language))
+
+
+def _text_list(name: str, pairs: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> TextSlotList:
+    values = [TextSlotValue(TextChunk(text), value, context) for text, value, context in pairs]
+    return TextSlotList(name=name, values=values)
+
+
+@dataclass
+class HomeGrammar:
+    """The home's devices as Home Assistant's matcher sees them; ``read`` says what a sentence asks."""
+
+    devices: Sequence[HomeDevice]
+    language: str = "en"
+    here: str | None = None  # the area this assistant stands in: "turn on the light here"
+    _slots: dict[str, SlotList] = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.intents = _intents(self.language)
+        names = [
+            (said, i, {"domain": d.domain, **({"area": d.area} if d.area else {})})
+            for i, d in enumerate(self.devices)
+            for said in dict.fromkeys([d.name, *d.aliases])
+        ]
+        areas = dict.fromkeys(d.area for d in self.devices if d.area)
+        floors = dict.fromkeys(d.floor for d in self.devices if d.floor)
+        parts = [(said, i, context) for said, i, context in _partial_names(self.devices)]
+        self._slots = {
+            "name": _text_list("name", names),
+            "area": _text_list("area", ((a, a, None) for a in areas)),
+            "floor": _text_list("floor", ((f, f, None) for f in floors)),
+            "value": _text_list("value", ()),  # the answers' values: only while a question back is answered
+        }
+        # names said in part ("the side gate" for the side gate lock): only ever a guess, asked back
+        self._partial_slots = {**self._slots, "name": _text_list("name", [*names, *parts])}
+        self._numbers = RbnfEngine.for_language(self.language.split("_")[0].split("-")[0])
+
+    # ---- commands, questions, later ----------------------------------------------------------------------------
+
+    def read(self, text: str) -> Reading:
+        """What ``text`` asks: the best strict reading of the whole sentence; else the best one after dropping a
+        few words at its ends (a guess: an ``Act`` that is not ``certain``); else ``NoMatch``."""
+        reading = self._best(self._results(text))
+        if not isinstance(reading, NoMatch):
+            return reading
+        for shorter, slots in [(text, self._partial_slots), *((t, self._slots) for t in _trimmed(text, FUZZY_WORDS))]:
+            guess = self._best(self._results(shorter, slots))
+            if isinstance(guess, Act):
+                return Act(guess.commands, certain=False, intent=guess.intent)
+            if isinstance(guess, AskState):
+                return guess
+        return NoMatch()
+
+    def _results(self, text: str, slots: dict[str, SlotList] | None = None) -> list[RecognizeResult]:
+        context = {"area": {"value": self.here, "text": self.here}} if self.here else None
+        slots = self._slots if slots is None else slots
+        found = recognize_all(text, self.intents, slot_lists=slots, intent_context=context, language=self.language)
+        return [r for r in found if r.intent.name not in (YES, NO, VALUE)]
+
+    def _best(self, results: list[RecognizeResult]) -> Reading:
+        """The reading of the best result, as Home Assistant ranks them: a device named by name before an area or a
+        kind ("the kitchen light" is that light, not every light in the kitchen), then more literal words matched."""
+        readings = [(self._rank(r), self._reading(r)) for r in results]
+        readings = [(rank, reading) for rank, reading in readings if not isinstance(reading, NoMatch)]
+        if not readings:
+            return NoMatch()
+        return min(readings, key=lambda pair: pair[0])[1]
+
+    @staticmethod
+    def _rank(result: RecognizeResult) -> tuple[int, int, int]:
+        wildcards = sum(1 for e in result.entities_list if e.is_wildcard)
+        return ("name" not in result.entities, wildcards, -result.text_chunks_matched)
+
+    def _reading(self, result: RecognizeResult) -> Reading:
+        intent, slots = result.intent.name, {k: e.value for k, e in result.entities.items()}
+        if intent == LATER_INTENT:
+            command = slots.get("conversation_command")
+            return Later(str(command)) if command else NoMatch()
+        targets = self._targets(slots)
+        if not targets:
+            return NoMatch()
+        if intent in STATE_INTENTS:
+            return AskState(tuple(targets))
+        commands = [c for d in targets if (c := self._command(intent, slots, d)) is not None]
+        if commands:
+            return Act(tuple(commands), certain=True, intent=intent)
+        return CannotDo(tuple(targets), intent) if intent in DEEDS or intent in NUMBERS else NoMatch()
+
+    def _targets(self, slots: dict[str, Any]) -> list[HomeDevice]:
+        """The devices a match's slots select: the one named, or those of the area/floor/domain/class named."""
+        if not slots.keys() & {"name", "area", "floor", "domain", "device_class", "everything"}:
+            return []
+        chosen = list(self.devices)
+        if "name" in slots:
+            chosen = [self.devices[slots["name"]]] if isinstance(slots["name"], int) else []
+        if "area" in slots:
+            chosen = [d for d in chosen if d.area == slots["area"]]
+        if "floor" in slots:
+            chosen = [d for d in chosen if d.floor == slots["floor"]]
+        if slots.get("everything"):  # "everything" is each device of the domains off and on are safe for
+            chosen = [d for d in chosen if d.domain in slots.get("domain", ())]
+        elif "domain" in slots and "name" not in slots:
+            domains = slots["domain"] if isinstance(slots["domain"], list) else [slots["domain"]]
+            chosen = [d for d in chosen if d.domain in domains]
+        if "device_class" in slots and "name" not in slots:
+            chosen = [d for d in chosen if d.device_class == slots["device_class"]]
+        return chosen
+
+    def _command(self, intent: str, slots: dict[str, Any], device: HomeDevice) -> Command | None:
+        if intent in DEEDS:
+            by_domain = DEEDS[intent]
+            return _first(device, by_domain.get(device.domain, by_domain.get(None, ())))
+        if (slot := NUMBERS.get(intent)) is None or not isinstance(number := slots.get(slot), int | float):
+            return None
+        value = round(number)
+        if value != number:
+            return None
+        if (exact := _first(device, (str(value),))) is not None:
+            return exact
+        return _first(device, _ENDS[value].get(device.domain, ())) if value in _ENDS else None
+
+    # ---- answers to a question back ----------------------------------------------------------------------------
+
+    def answer(self, text: str, values: Sequence[str]) -> Answer | None:
+        """``text`` as an answer to a question back that offered ``values`` (payloads of one device): yes, no, or
+        one of the values ("switch it on", "50 percent please"); None when it is no such answer."""
+        slots = {**self._slots, "value": self._value_slot(values)}
+        found = recognize_all(text, self.intents, slot_lists=slots, language=self.language)
+        for result in sorted(found, key=lambda r: -r.text_chunks_matched):
+            if result.intent.name == YES:
+                return Answer(True)
+            if result.intent.name == NO:
+                return Answer(False)
+            if result.intent.name == VALUE and "value" in result.entities:
+                return Answer(True, str(result.entities["value"].value))
+        return None
+
+    def value_forms(self, payload: str) -> list[str]:
+        """How a payload is said: its own word, the state word Home Assistant's lists have for it ("closed" for
+        CLOSE, "locked" for LOCK), a number also spelled out and with its unit."""
+        if payload.isdigit():
+            spelled = self._numbers.format_number(int(payload)).text
+            return [f"{n}{unit}" for n in (payload, spelled) for unit in ("", " percent", "%", " degrees")]
+        word = payload.casefold()
+        return list(dict.fromkeys([word, *self._state_words(word)]))
+
+    def _state_words(self, word: str) -> list[str]:
+        """The state words of Home Assistant's lists (cover, lock, on/off states) that begin like ``word``."""
+        lists = _language_data(self.language).get("lists", {})
+        found = []
+        for name in ("on_off_states", "cover_states", "lock_states"):
+            for value in lists.get(name, {}).get("values", []):
+                out = str(value.get("out", ""))
+                if out.startswith(word) and len(out) <= len(word) + 2:
+                    found.append(out)
+        return found
+
+    def sample_answers(self, values: Sequence[str], per_intent: int = 12) -> list[str]:
+        """Sentences of the answer grammar for a question back offering ``values`` (hassil's sampler, the first
+        few of each answer): what the recogniser scores against the audio when the words it heard answer nothing
+        (voice/dialog/rehearing.py)."""
+        slots = {**self._slots, "value": self._value_slot(values, forms=1)}
+        found = sample_intents(
+            self.intents,
+            slot_lists=slots,
+            intent_names={YES, NO, VALUE},
+            max_sentences_per_intent=per_intent * max(1, len(values)),
+            language=self.language,
+        )
+        return list(dict.fromkeys(sentence.capitalize() + "." for _, sentence in found))
+
+    def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
+        return _text_list("value", [(form, v, None) for v in values for form in self.value_forms(v)[:forms]])
+
+
+def _first(device: HomeDevice, spellings: Sequence[str]) -> Command | None:
+    """The command of the first spelling the device allows (any case), in the allow-list's own spelling."""
+    by_case = {p.casefold(): p for p in device.payloads}
+    for spelling in spellings:
+        if (payload := by_case.get(spelling.casefold())) is not None:
+            return Command(device, payload)
+    return None
+
+
+def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Each name of several words without its first or its last word ("side gate" of "side gate lock"), where
+    that part belongs to one device only and is no area's name."""
+    areas = {d.area.casefold() for d in devices if d.area}
+    found: dict[str, set[int]] = {}
+    for i, d in enumerate(devices):
+        for name in (d.name, *d.aliases):
+            words = name.split()
+            for part in (words[1:], words[:-1]) if len(words) > 1 else ():
+                found.setdefault(" ".join(part).casefold(), set()).add(i)
+    whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
+    return [
+        (part, i, {"domain": devices[i].domain})
+        for part, owners in found.items()
+        if len(owners) == 1 and part not in areas and part not in whole
+        for i in owners
+    ]
+
+
+def _trimmed(text: str, most: int) -> list[str]:
+    """``text`` with up to ``most`` words dropped from its ends, and never more than a third of them, fewest first
+    (the end before the start): what is left must still be most of what was said."""
+    words = text.split()
+    out = []
+    for dropped in range(1, min(most, len(words) // 3) + 1):
+        for front in range(dropped + 1):
+            back = dropped - front
+            out.append(" ".join(words[front : len(words) - back]))
+    return out
