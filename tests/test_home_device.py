@@ -432,18 +432,15 @@ def test_a_device_not_on_the_list_publishes_nothing_and_says_so(home_device):
 
 
 def test_a_device_named_without_a_value_is_asked_back_and_the_spoken_answer_does_it(home_device):
-    """tiny.en can lose the value ("Sprinkler." for "sprinkler on"): the device asks back, publishes nothing until
-    the answer, and the answer alone ("Turn it on.", "Yes, please.") commands the device asked about, once."""
+    """No sentence of Home Assistant's matches a device named alone ("Kitchen light, please."): whatever the model
+    proposes is asked back, nothing is published until the answer, and the answer alone ("Turn it on.") commands
+    the device asked about, once. A sentence the matcher reads whole ("Kitchen light off.") is done at once."""
     before, reply = ask_aloud(home_device, "Kitchen light, please.")
     assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
-    assert reply["text"].strip() == "Do you want the kitchen light on or off?", reply
+    assert reply["text"].strip().startswith("Do you want the kitchen light"), reply
     before, reply = ask_aloud(home_device, "Turn it on.")
     assert commands(home_device, before) == [("home/kitchen/light/set", "ON")], (reply, home_device.messages()[before:])
-    # heard without a request word, a command may be a question that lost its first word: confirmed first
     before, reply = ask_aloud(home_device, "Kitchen light off.")
-    assert commands(home_device, before) == [], (reply, home_device.messages()[before:])
-    assert reply["text"].strip() == "Do you want the kitchen light off?", reply
-    before, reply = ask_aloud(home_device, "Yes, please.")
     published = home_device.messages()[before:]
     assert commands(home_device, before) == [("home/kitchen/light/set", "OFF")], (reply, published)
 
@@ -453,7 +450,7 @@ def test_an_answer_heard_as_other_words_is_chosen_among_the_answers_the_question
     `bench home` run: after a question back, the device scores the answers it allows against the audio
     (voice/dialog/rehearing.py) and the one that fits does what was asked, once."""
     before, reply = ask_aloud(home_device, "Bedroom lamp, please.")
-    assert reply["text"].strip() == "Do you want the bedroom lamp on or off?", reply
+    assert reply["text"].strip().startswith("Do you want the bedroom lamp"), reply
     before = len(home_device.messages())
     home_device.play_in_room(Voice("espeak-caribbean", "espeak", "en-029", 150).speak("Turn it on, please."))
     reply = json.loads(home_device.wait_for("reply", after=before, timeout=180))

@@ -12,6 +12,7 @@ from voice.config_servers import HomeDeviceConfig, MQTTConfig
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home import Home
 from voice.dialog.rehearing import rehear
+from voice.dialog.understanding import Act, Answer
 from voice.hearing.stt import SpeechToText
 from voice.hearing.whisper_faults import (
     Word,
@@ -371,10 +372,11 @@ def test_a_hinted_pass_loses_only_the_last_words_that_lie_over_silence():
 
 
 def _home() -> Home:
-    lamp = HomeDevice("bedroom lamp", "home/bedroom/lamp/set", ("ON", "OFF"), "bedroom")
-    desk = HomeDevice("desk lamp", "home/office/desk_lamp/set", ("ON", "OFF", "50"), "office")
-    door = HomeDevice("garage door", "home/garage/door/set", ("OPEN", "CLOSE"), "garage")
-    return Home([lamp, desk, door, HomeDevice("kitchen light", "home/kitchen/light/set", ("ON", "OFF"), "kitchen")])
+    lamp = HomeDevice("bedroom lamp", "home/bedroom/lamp/set", ("ON", "OFF"), "bedroom", domain="light")
+    desk = HomeDevice("desk lamp", "home/office/desk_lamp/set", ("ON", "OFF", "50"), "office", domain="light")
+    door = HomeDevice("garage door", "home/garage/door/set", ("OPEN", "CLOSE"), "garage", domain="cover")
+    kitchen = HomeDevice("kitchen light", "home/kitchen/light/set", ("ON", "OFF"), "kitchen", domain="light")
+    return Home([lamp, desk, door, kitchen])
 
 
 async def test_an_expected_answer_is_chosen_only_when_the_audio_fits_it_about_as_well_as_whisper_s_own_words(stt):
@@ -383,8 +385,9 @@ async def test_an_expected_answer_is_chosen_only_when_the_audio_fits_it_about_as
     home, asked = _home(), [{"role": "assistant", "content": "Do you want the bedroom lamp on or off?"}]
     stream = stt.stream()
     stream.add(np.concatenate([espeak("Turn it off, please."), silence(300)]))
-    # words a voice might be heard as: the audio fits "Turn it off, please." far better
-    assert await rehear(home, "Tommy tough, please.", asked, stream) == "Turn it off, please."
+    # words a voice might be heard as: the audio fits an answer of the answer grammar that says off far better
+    chosen = await rehear(home, "Tommy tough, please.", asked, stream)
+    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(True, "OFF"), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("What time is it?"), silence(300)]))
     text = await stream.final()
@@ -403,7 +406,8 @@ async def test_a_device_name_heard_wrong_is_guessed_from_the_audio_and_asked_bac
     assert "Set the desk lamp to 50 percent." in home.renamings(misheard)
     heard = await rehear(home, misheard, [], stream)
     assert heard == "Set the clamp to 50 percent. (the desk lamp)"
-    assert home.hear(heard, [], spoken=True).guessed == home.devices[1]
+    understood = home.understand(heard, [], spoken=True)
+    assert isinstance(understood, Act) and not understood.certain and understood.commands[0].device == home.devices[1]
     refusal = home.grounding(heard, [], spoken=True)("home/office/desk_lamp/set", "50")
     assert refusal is not None and refusal.speech == " Do you want the desk lamp set to 50?"
     stream = stt.stream()

@@ -16,6 +16,7 @@ Questions about state, requests for a later time and values a device cannot take
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,6 +26,7 @@ import yaml
 from hassil import Intents, recognize_all
 from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
+from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult
 from hassil.sample import sample_intents
 from home_assistant_intents import get_intents
@@ -172,11 +174,13 @@ def device_class(name: str, aliases: Sequence[str], language: str = "en") -> str
     """A cover's class as Home Assistant's ``cover_classes`` list names it ("blind" for "bay window blinds"): the
     list's own words, found in the name or an alias; None when none is there."""
     said = [f" {n.casefold()} " for n in (name, *aliases)]
-    for value in _language_data(language).get("lists", {}).get("cover_classes", {}).get("values", []):
-        forms = _forms(str(value.get("in", "")))
-        if any(f" {form} " in s for form in forms for s in said):
-            return str(value.get("out"))
-    return None
+    found = [
+        (len(form), str(value.get("out")))
+        for value in _language_data(language).get("lists", {}).get("cover_classes", {}).get("values", [])
+        for form in _forms(str(value.get("in", "")))
+        if any(f" {form} " in s for s in said)
+    ]
+    return max(found)[1] if found else None  # the longest: "garage door" is a garage, not a door
 
 
 def _forms(template: str) -> list[str]:
@@ -203,6 +207,7 @@ def _language_data(language: str) -> dict[str, Any]:
             data["intents"][name] = {**known, "data": [*known["data"], *intent["data"]]}
         data["expansion_rules"].update(ours.get("expansion_rules", {}))
         data["lists"] = {**data.get("lists", {}), **ours.get("lists", {})}
+        data["sample_rules"] = ours.get("sample_rules", {})
     return data
 
 
@@ -365,19 +370,21 @@ class HomeGrammar:
                     found.append(out)
         return found
 
-    def sample_answers(self, values: Sequence[str], per_intent: int = 12) -> list[str]:
-        """Sentences of the answer grammar for a question back offering ``values`` (hassil's sampler, the first
-        few of each answer): what the recogniser scores against the audio when the words it heard answer nothing
-        (voice/dialog/rehearing.py)."""
+    def sample_answers(self, values: Sequence[str], limit: int = 40) -> list[str]:
+        """Sentences of the answer grammar for a question back offering ``values`` (hassil's sampler, over the most
+        common word of each rule): what the recogniser scores against the audio when the words it heard answer
+        nothing (voice/dialog/rehearing.py)."""
         slots = {**self._slots, "value": self._value_slot(values, forms=1)}
+        rules = _language_data(self.language).get("sample_rules", {})
         found = sample_intents(
             self.intents,
             slot_lists=slots,
+            expansion_rules={name: parse_sentence(rule) for name, rule in rules.items()},
             intent_names={YES, NO, VALUE},
-            max_sentences_per_intent=per_intent * max(1, len(values)),
             language=self.language,
         )
-        return list(dict.fromkeys(sentence.capitalize() + "." for _, sentence in found))
+        sentences = sorted({" ".join(sentence.split()) for _, sentence in found}, key=lambda s: (len(s), s))
+        return [f"{s.capitalize()}." for s in sentences[:limit]]  # the shortest: the way most people answer
 
     def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
         return _text_list("value", [(form, v, None) for v in values for form in self.value_forms(v)[:forms]])
@@ -413,11 +420,12 @@ def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[s
 
 def _trimmed(text: str, most: int) -> list[str]:
     """``text`` with up to ``most`` words dropped from its ends, and never more than a third of them, fewest first
-    (the end before the start): what is left must still be most of what was said."""
+    (the end before the start): what is left must still be most of what was said; then each of its clauses."""
     words = text.split()
     out = []
     for dropped in range(1, min(most, len(words) // 3) + 1):
         for front in range(dropped + 1):
             back = dropped - front
             out.append(" ".join(words[front : len(words) - back]))
-    return out
+    clauses = [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
+    return out + (clauses if len(clauses) > 1 else [])  # a clause of its own: "switch it on, the kids are home"
