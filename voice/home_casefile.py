@@ -258,12 +258,13 @@ class Result:
 def answer_for(case: Case, result: Result, cases: CaseFile, seed: int = 0) -> str | None:
     """What the user says back when a command case's reply asked back (voice/dialog/home.py ``ask_value``), drawn
     from the case file's ``answers`` (varied phrasings written apart from the code; the held-out set's when the file
-    has none): a yes when the question offers the one value wanted, that value otherwise, a no when it asks about
-    another device than the one meant. None when there is nothing to answer."""
+    has none; a case of a split draws from that split's half, ``_half``): a yes when the question offers the one
+    value wanted, that value otherwise, a no when it asks about another device than the one meant. None when there
+    is nothing to answer."""
     wanted = expected(case.expect)
     if not wanted or ASK_BACK.casefold() not in result.reply.casefold():
         return None
-    answers = cases.answers or _held_out_answers()
+    answers = {key: _half(said, case.split) for key, said in (cases.answers or _held_out_answers()).items()}
     rng = random.Random(f"{seed}:{case.say}")
     meant = next((d for d in cases.devices if d.topic == wanted[0]["topic"]), None)
     reply = result.reply.casefold()
@@ -275,6 +276,14 @@ def answer_for(case: Case, result: Result, cases: CaseFile, seed: int = 0) -> st
     if value.isdigit():
         return rng.choice(answers["number"]).replace("{n}", value)
     return rng.choice(answers.get(value, answers["yes"]))
+
+
+def _half(phrasings: list[str], split: str | None) -> list[str]:
+    """The answers a case of a split may be given: a tuning case the even ones, a test case the odd ones (so that
+    the answers the code is tuned on are not those it is scored on); all for a case of no split."""
+    if split is None or len(phrasings) < 2:
+        return phrasings
+    return phrasings[split == "test" :: 2]
 
 
 @functools.cache

@@ -226,8 +226,10 @@ class Home:
         if isinstance(understood, CannotDo):
             takes = "; ".join(f"the {d.name} takes {', '.join(d.payloads)}" for d in understood.devices)
             return f"{text}\n(note: {takes}; say that you cannot do what was asked)"
-        shown = understood.devices if isinstance(understood, AskState) else self.mentioned(text)
-        shown = tuple(d for d in shown if d.state_topic)
+        if isinstance(understood, AskState):  # asked: said even when nothing has come (then it is unknown)
+            shown = tuple(d for d in understood.devices if d.state_topic)
+        else:  # only mentioned: shown when its state is known
+            shown = tuple(d for d in self.mentioned(text) if self.states.get(d.state_topic or ""))
         if not shown or isinstance(understood, Act):
             return text
         values = [self.states.get(d.state_topic or "", UNKNOWN) for d in shown]

@@ -44,9 +44,9 @@ def home_prompt(devices: Sequence[HomeDevice], extra: dict[str, list[str]], acti
         lines.append("other commands:")
         lines += [f"  [{KEYWORD} {t} {p}]" for t, payloads in extra.items() for p in payloads]
     lines += [
-        f'Example: user: "switch off the {first.name}" -> you: "[{KEYWORD} {first.topic} {off}] Done."',
-        f'Example: user: "is the {first.name} on?" (state now: {first.name} = {off}; so the answer is no) '
-        f'-> you: "No, the {first.name} is {off.lower()}."',
+        f"Example: to switch off the {first.name}, your whole reply is: [{KEYWORD} {first.topic} {off}] Done.",
+        f"Example: asked is the {first.name} on? (state now: {first.name} = {off}; so the answer is no), your "
+        f"whole reply is: No, the {first.name} is {off.lower()}.",
     ]
     return "\n".join(lines)
 

@@ -175,12 +175,13 @@ def device_class(name: str, aliases: Sequence[str], language: str = "en") -> str
     list's own words, found in the name or an alias; None when none is there."""
     said = [f" {n.casefold()} " for n in (name, *aliases)]
     found = [
-        (len(form), str(value.get("out")))
+        (s.rfind(f" {form} ") + len(form), len(form), str(value.get("out")))
         for value in _language_data(language).get("lists", {}).get("cover_classes", {}).get("values", [])
         for form in _forms(str(value.get("in", "")))
-        if any(f" {form} " in s for s in said)
+        for s in said
+        if f" {form} " in s
     ]
-    return max(found)[1] if found else None  # the longest: "garage door" is a garage, not a door
+    return max(found)[2] if found else None  # the word the name ends on, the longest: "garage door" is a garage
 
 
 def _forms(template: str) -> list[str]:
@@ -208,6 +209,8 @@ def _language_data(language: str) -> dict[str, Any]:
         data["expansion_rules"].update(ours.get("expansion_rules", {}))
         data["lists"] = {**data.get("lists", {}), **ours.get("lists", {})}
         data["sample_rules"] = ours.get("sample_rules", {})
+        data["value_forms"] = ours.get("value_forms", {})
+        data["skip_words"] = [*data.get("skip_words", []), *ours.get("skip_words", [])]
     return data
 
 
@@ -298,7 +301,7 @@ class HomeGrammar:
             return AskState(tuple(targets))
         commands = [c for d in targets if (c := self._command(intent, slots, d)) is not None]
         if commands:
-            return Act(tuple(commands), certain=True, intent=intent)
+            return Act(tuple(commands), certain=not _bare(result), intent=intent)
         return CannotDo(tuple(targets), intent) if intent in DEEDS or intent in NUMBERS else NoMatch()
 
     def _targets(self, slots: dict[str, Any]) -> list[HomeDevice]:
@@ -387,7 +390,21 @@ class HomeGrammar:
         return [f"{s.capitalize()}." for s in sentences[:limit]]  # the shortest: the way most people answer
 
     def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
-        return _text_list("value", [(form, v, None) for v in values for form in self.value_forms(v)[:forms]])
+        """The values as an answer may say them: their forms (``value_forms``) and, whole, the sentence data's
+        other words for them ("stop" for PAUSE)."""
+        pairs = [(form, v) for v in values for form in self.value_forms(v)[:forms]]
+        if forms is None:
+            other = _language_data(self.language).get("value_forms", {})
+            pairs += [(str(other[v.upper()]), v) for v in values if v.upper() in other]
+        values_in = [TextSlotValue.from_tuple(pair) for pair in pairs]
+        return TextSlotList(name="value", values=values_in)
+
+
+def _bare(result: RecognizeResult) -> bool:
+    """The sentence that matched says nothing but the slots ("[<the>] {name}": "Kitchen light, please."): Home
+    Assistant turns the device on, but the words may be a fragment of anything, so it is only a guess."""
+    template = (result.intent_sentence.text if result.intent_sentence is not None else None) or ""
+    return not re.sub(r"\[[^\]]*\]|\{[^}]*\}|<the>|[^\w<>]", "", template)
 
 
 def _first(device: HomeDevice, spellings: Sequence[str]) -> Command | None:
@@ -420,7 +437,8 @@ def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[s
 
 def _trimmed(text: str, most: int) -> list[str]:
     """``text`` with up to ``most`` words dropped from its ends, and never more than a third of them, fewest first
-    (the end before the start): what is left must still be most of what was said; then each of its clauses."""
+    (the end before the start): what is left must still be most of what was said; then its first clause (a
+    command said first and explained after; "once the baby's asleep, turn it off" is no command now)."""
     words = text.split()
     out = []
     for dropped in range(1, min(most, len(words) // 3) + 1):
@@ -428,4 +446,4 @@ def _trimmed(text: str, most: int) -> list[str]:
             back = dropped - front
             out.append(" ".join(words[front : len(words) - back]))
     clauses = [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
-    return out + (clauses if len(clauses) > 1 else [])  # a clause of its own: "switch it on, the kids are home"
+    return out + clauses[:1] if len(clauses) > 1 else out  # the first clause alone: "switch it on, the kids are home"
