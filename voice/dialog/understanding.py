@@ -28,7 +28,7 @@ from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult
-from hassil.sample import sample_intents
+from hassil.sample import sample_sentence
 from home_assistant_intents import get_intents
 from unicode_rbnf import RbnfEngine
 
@@ -309,8 +309,9 @@ class HomeGrammar:
         if not slots.keys() & {"name", "area", "floor", "domain", "device_class", "everything"}:
             return []
         chosen = list(self.devices)
-        if "name" in slots:
-            chosen = [self.devices[slots["name"]]] if isinstance(slots["name"], int) else []
+        if "name" in slots:  # and a second name: "the kitchen light and the hallway light"
+            named = [slots[key] for key in ("name", "name_2") if isinstance(slots.get(key), int)]
+            chosen = [self.devices[i] for i in named]
         if "area" in slots:
             chosen = [d for d in chosen if d.area == slots["area"]]
         if "floor" in slots:
@@ -373,21 +374,24 @@ class HomeGrammar:
                     found.append(out)
         return found
 
-    def sample_answers(self, values: Sequence[str], limit: int = 40) -> list[str]:
-        """Sentences of the answer grammar for a question back offering ``values`` (hassil's sampler, over the most
-        common word of each rule): what the recogniser scores against the audio when the words it heard answer
-        nothing (voice/dialog/rehearing.py)."""
+    def sample_answers(self, values: Sequence[str], limit: int = 60) -> list[str]:
+        """Sentences of the answer grammar for a question back offering ``values``: each answer template at its
+        shortest (its optional words left out, each rule its most common word), alone and with the polite word
+        after it ("Turn it on.", "Turn it on, please."): what the recogniser scores against the audio when the
+        words it heard answer nothing (voice/dialog/rehearing.py)."""
+        data = _language_data(self.language)
+        rules = {name: parse_sentence(rule) for name, rule in data.get("sample_rules", {}).items()}
         slots = {**self._slots, "value": self._value_slot(values, forms=1)}
-        rules = _language_data(self.language).get("sample_rules", {})
-        found = sample_intents(
-            self.intents,
-            slot_lists=slots,
-            expansion_rules={name: parse_sentence(rule) for name, rule in rules.items()},
-            intent_names={YES, NO, VALUE},
-            language=self.language,
-        )
-        sentences = sorted({" ".join(sentence.split()) for _, sentence in found}, key=lambda s: (len(s), s))
-        return [f"{s.capitalize()}." for s in sentences[:limit]]  # the shortest: the way most people answer
+        shortest = [
+            " ".join(said.split())
+            for name in (YES, NO, VALUE)
+            for intent_data in self.intents.intents[name].data
+            for sentence in intent_data.sentences
+            for said in sample_sentence(sentence, slots, rules, self.language, skip_optionals=True)
+        ]
+        polite = str(data.get("sample_rules", {}).get("polite", "")).strip("()").split("|")[0]
+        found = dict.fromkeys(f"{s.capitalize()}{end}" for s in shortest if s for end in (".", f", {polite}."))
+        return list(found)[:limit]
 
     def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
         """The values as an answer may say them: their forms (``value_forms``) and, whole, the sentence data's
