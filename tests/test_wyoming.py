@@ -27,6 +27,8 @@ from wyoming.tts import Synthesize, SynthesizeChunk, SynthesizeStart, Synthesize
 from audio.resample import resample
 from voice.assistant import Assistant
 from voice.config import ConfigError
+from voice.config_servers import HomeDeviceConfig
+from voice.dialog.understanding import Act
 from voice.speechset import wer
 from voice.transports.wyoming.handler import Gate
 
@@ -393,3 +395,20 @@ def sessions_gauge(port: int) -> str:
         return "\n".join(
             line for line in response.read().decode().splitlines() if line.startswith("specvoice_sessions{")
         )
+
+
+async def test_text_from_home_assistants_recogniser_is_read_as_speech(assistant):
+    """A `transcript` comes from Home Assistant's own speech recogniser: a device name it heard wrong ("garbage
+    door") is guessed as the device it sounds like and asked back, as the microphone's words are; typed words
+    (an ask) are never guessed."""
+    config = make_config(assistant)
+    config.mqtt.devices = [
+        HomeDeviceConfig(name="garage door", topic="home/garage/door/set", payloads=["OPEN", "CLOSE"], area="garage")
+    ]
+    home = Assistant(config, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+    async with running(config, home) as port:
+        events = await handle(port, "Close my garbage door.")
+    handled = Handled.from_event(events[-2])
+    assert handled.text.strip() == "Do you want the garage door closed?", handled.text
+    assert home.home is not None and home.home.guess("Close my garbage door.") is not None
+    assert not isinstance(home.home.understand("Close my garbage door.", [], spoken=False), Act)  # typed

@@ -7,8 +7,9 @@ an English word list: the words live in the sentence data, Home Assistant's and 
 
 How sure a reading is decides what happens (voice/dialog/home.py):
 - a strict match of the whole sentence is ``certain``: it acts;
-- a match after dropping a few words at either end ("switch the porch light on, the kids are coming home") is a
-  guess: the assistant asks back before anything is done;
+- a match after dropping a few words at either end, of the first clause alone ("switch the porch light on, the
+  kids are coming home"), with a name said in part ("the side gate" for the side gate lock), or of a sentence
+  that says nothing but a name, is a guess: the assistant asks back before anything is done;
 - no match: the language model answers, and whatever command it proposes is asked back too.
 Questions about state, requests for a later time and values a device cannot take never act.
 """
