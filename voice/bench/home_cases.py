@@ -70,6 +70,7 @@ class HomeDevice:
             "payloads": self.payloads,
             "area": self.area,
             "state_topic": self.state_topic,
+            "domain": self.domain,
         }
 
 
