@@ -367,7 +367,7 @@ def test_a_command_the_model_proposes_when_nothing_matched_is_asked_back(tmp_pat
 def test_a_device_with_several_values_is_asked_which_and_the_answer_completes_it(tmp_path):
     home = load(tmp_path)
     history = [{"role": "assistant", "content": "Do you want the garage door open or closed?"}]
-    assert home.asked_back(history) == (home.devices[3], ["OPEN", "CLOSE"])
+    assert home.asked_back(history) == ([home.devices[3]], ["OPEN", "CLOSE"])
     assert commands(home, "Closed, please.", history) == (True, {(GARAGE, "CLOSE")})
     assert not commands(home, "yes", history)[1]  # which one: not said
     assert constrained_commands(home, "Closed.", history) == {GARAGE: ["CLOSE"]}
@@ -543,3 +543,16 @@ def test_everyday_phrasings_act_ask_back_or_stay_still(tmp_path, said, certain, 
     assert commands(home, said) == (certain, expected), said
     if not certain:  # whatever the model writes, nothing is done at once
         assert all(home.grounding(said)(t, p) is not None for t, payloads in home.allowed.items() for p in payloads)
+
+
+def test_a_guess_for_several_devices_is_one_question_and_yes_does_them_all(tmp_path):
+    home = load(tmp_path)
+    said = "switch off the lights in the kitchen, it's late"
+    assert commands(home, said) == (False, {(KITCHEN, "OFF"), (COUNTER, "OFF")})
+    spoken, requests = reply(home, said, f"[ACTION {KITCHEN} OFF][ACTION {COUNTER} OFF] Done.")
+    assert spoken == " Do you want the kitchen light and the counter lights off?"
+    assert requests == [(KITCHEN, "OFF", False), (COUNTER, "OFF", False)]  # asked once, nothing done
+    history = [{"role": "assistant", "content": spoken.strip()}]
+    assert home.asked_back(history) == ([home.devices[0], home.devices[1]], ["OFF"])
+    assert commands(home, "yes please", history) == (True, {(KITCHEN, "OFF"), (COUNTER, "OFF")})
+    assert home.annotate("yes please", history) == "yes please (the kitchen light and the counter lights off)"

@@ -266,12 +266,13 @@ def answer_for(case: Case, result: Result, cases: CaseFile, seed: int = 0) -> st
         return None
     answers = {key: _half(said, case.split) for key, said in (cases.answers or _held_out_answers()).items()}
     rng = random.Random(f"{seed}:{case.say}")
-    meant = next((d for d in cases.devices if d.topic == wanted[0]["topic"]), None)
+    meant = [d.name for d in cases.devices if d.topic in {w["topic"] for w in wanted}]
     reply = result.reply.casefold()
-    if meant is None or f"{ASK_BACK} {meant.name}".casefold() not in reply:
+    if not any(f"{ASK_BACK} {name}".casefold() in reply or f", the {name}".casefold() in reply for name in meant):
         return rng.choice(answers["no"])
     value = wanted[0]["payload"]
-    if f"{ASK_BACK} {meant.name} {_say(value)}?".casefold() in reply:
+    offered = f" {_say(value)}?".casefold()
+    if reply.rstrip().endswith(offered) and not reply.rstrip().endswith(f" or{offered}"):  # one value, the one wanted
         return rng.choice(answers["yes"])
     if value.isdigit():
         return rng.choice(answers["number"]).replace("{n}", value)

@@ -55,14 +55,20 @@ LATER_SPEECH = " Sorry, I can only do that now, not at a later time."
 DECLINED = "declined"  # the intent of an answer that said no
 
 
-def ask_value(device: HomeDevice, values: Sequence[str] | None = None) -> str:
-    """The question back: whether ``values`` are wanted ("Do you want the bedroom fan on?"), or which of the
-    device's word values ("Do you want the garage door open or closed?")."""
+def ask_value(devices: Sequence[HomeDevice], values: Sequence[str] | None = None) -> str:
+    """The question back: whether ``values`` are wanted ("Do you want the bedroom fan on?", "Do you want the desk
+    lamp and the reading light off?"), or which of the device's word values ("Do you want the garage door open or
+    closed?")."""
     if values is None:
-        values = [p for p in device.payloads if not p.isdigit()] or device.payloads
+        values = [p for p in devices[0].payloads if not p.isdigit()] or devices[0].payloads
     said = [say_value(p) for p in values]
     choices = f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else said[0]
-    return f" {ASK_BACK} {device.name} {choices}?"
+    return f" {ASK_BACK} {_listed([d.name for d in devices])} {choices}?"
+
+
+def _listed(names: Sequence[str]) -> str:
+    """ "kettle", "kettle and the fan", "kettle, the fan and the lamp": how the question back names devices."""
+    return names[0] if len(names) == 1 else f"{', the '.join(names[:-1])} and the {names[-1]}"
 
 
 def say_value(value: str) -> str:
@@ -142,12 +148,13 @@ class Home:
     def _understand(self, text: str, last_reply: str, spoken: bool) -> Understood:
         reading = self.grammar.read(text)
         if (asked := self._asked_in(last_reply)) is not None and not _certain(reading):
-            device, values = asked
-            answer = self.grammar.answer(text, device.payloads)
+            devices, values = asked
+            answer = self.grammar.answer(text, devices[0].payloads)
             if answer is not None and not answer.yes:
                 return Declined()
             if answer is not None and (value := answer.value or (values[0] if len(values) == 1 else None)):
-                return Act((Command(device, value),), certain=True, intent="answer")
+                commands = tuple(Command(d, value) for d in devices if value in d.payloads)
+                return Act(commands, certain=True, intent="answer")
         if isinstance(reading, NoMatch) and spoken and (guess := self.guess(text)) is not None:
             return guess
         return reading
@@ -170,20 +177,32 @@ class Home:
                     return Act(reading.commands, certain=False, intent=reading.intent)
         return None
 
-    def asked_back(self, history: Sequence[dict]) -> tuple[HomeDevice, list[str]] | None:
-        """The device the last reply ended by asking about (``ask_value``), and the values the question named (one:
+    def asked_back(self, history: Sequence[dict]) -> tuple[list[HomeDevice], list[str]] | None:
+        """The devices the last reply ended by asking about (``ask_value``), and the values the question named (one:
         "do you want it on?", which "yes" answers; more: which of them); None when it asked nothing."""
         return self._asked_in(_last_reply(history))
 
-    def _asked_in(self, content: str) -> tuple[HomeDevice, list[str]] | None:
+    def _asked_in(self, content: str) -> tuple[list[HomeDevice], list[str]] | None:
         if not content.rstrip().endswith("?") or ASK_BACK not in content:
             return None
-        question = content[content.rfind(ASK_BACK) + len(ASK_BACK) :]
-        for device in sorted(self.devices, key=lambda d: -len(d.name)):
-            if question.startswith(f" {device.name} "):
-                said = f" {' '.join(words(question[len(device.name) + 1 :]))} "
-                return device, [p for p in device.payloads if f" {' '.join(words(say_value(p)))} " in said]
-        return None
+        rest = content[content.rfind(ASK_BACK) + len(ASK_BACK) :]
+        by_length = sorted(self.devices, key=lambda d: -len(d.name))
+        devices: list[HomeDevice] = []
+        while device := next(
+            (d for d in by_length if rest.startswith(f" {d.name} ") or rest.startswith(f" {d.name},")), None
+        ):
+            devices.append(device)
+            rest = rest[len(device.name) + 1 :]
+            for joint in (", the", " and the"):
+                if rest.startswith(joint):
+                    rest = rest[len(joint) :]
+                    break
+            else:
+                break
+        if not devices:
+            return None
+        said = f" {' '.join(words(rest))} "
+        return devices, [p for p in devices[0].payloads if f" {' '.join(words(say_value(p)))} " in said]
 
     def answers(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
         """What a short answer to the last question back may be, for the recogniser to choose among when the words
@@ -191,9 +210,10 @@ class Home:
         when there was no question back or the words are understood."""
         if (asked := self.asked_back(history)) is None:
             return []
-        if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answer(heard, asked[0].payloads):
+        payloads = asked[0][0].payloads
+        if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answer(heard, payloads):
             return []
-        return self.grammar.sample_answers(asked[0].payloads)
+        return self.grammar.sample_answers(payloads)
 
     def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
         """Spoken words that match nothing, said with a span as a device's name (``said_as``) where that makes a
@@ -216,9 +236,9 @@ class Home:
         light on)"); a question with the state of the devices it is about; a later request or a value a device
         cannot take with a note that says so."""
         understood = self.understand(text, history, spoken)
-        if isinstance(understood, Act) and understood.intent == "answer":
-            command = understood.commands[0]
-            return f"{text} (the {command.device.name} {say_value(command.payload)})"
+        if isinstance(understood, Act) and understood.intent == "answer" and understood.commands:
+            names = _listed([c.device.name for c in understood.commands])
+            return f"{text} (the {names} {say_value(understood.commands[0].payload)})"
         if isinstance(understood, Declined):
             return f"{text}\n(note: the user said no; nothing was changed)"
         if isinstance(understood, Later):
@@ -241,12 +261,13 @@ class Home:
         said = f" {' '.join(words(text))} "
         return [d for d in self.devices if any(f" {' '.join(words(n))} " in said for n in (d.name, *d.aliases))]
 
-    def ask(self, device: HomeDevice, values: Sequence[str] | None = None) -> str:
-        """The question back (``ask_value``), after the device's state when one has come."""
-        state = self.states.get(device.state_topic or "", "").casefold()
-        verb = "are" if device.name.endswith("s") and not device.name.endswith("ss") else "is"
-        said = f" The {device.name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
-        return said + ask_value(device, values)
+    def ask(self, devices: Sequence[HomeDevice], values: Sequence[str] | None = None) -> str:
+        """The question back (``ask_value``), after the state of a single device when one has come."""
+        state = self.states.get(devices[0].state_topic or "", "").casefold() if len(devices) == 1 else ""
+        name = devices[0].name
+        verb = "are" if name.endswith("s") and not name.endswith("ss") else "is"
+        said = f" The {name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
+        return said + ask_value(devices, values)
 
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
         """A check for ActionParser: None when the words ask for this action now, else why not. A strict reading's
@@ -271,18 +292,20 @@ class Home:
                     return Refusal(f"the user's words ask for other commands ({understood.intent}), not {payload!r}")
                 if understood.certain:
                     return None
-                return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(device, [payload]))
-            return Refusal(f"nothing matched {heard!r}; the model proposed it: asked back", self.ask(device, [payload]))
+                alike = [c.device for c in understood.commands if c.payload == payload]  # one question for all
+                return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(alike, [payload]))
+            return Refusal(
+                f"nothing matched {heard!r}; the model proposed it: asked back", self.ask([device], [payload])
+            )
 
         return check
 
     def opening(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> list[Command]:
         """The commands the reply opens with: those of a reading that asks for them (done when certain; else the
-        grounding turns the first into the question back). [] when the model decides."""
+        grounding turns the first into the question back, which names every device of its value). [] when the
+        model decides."""
         understood = self.understand(heard, history, spoken) if self.grounded else NoMatch()
-        if not isinstance(understood, Act):
-            return []
-        return list(understood.commands if understood.certain else understood.commands[:1])
+        return list(understood.commands) if isinstance(understood, Act) else []
 
     def set_state(self, state_topic: str, value: str) -> bool:
         """Keep a state topic's latest value; False when no device has that state topic."""
