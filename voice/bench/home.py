@@ -266,7 +266,8 @@ async def bench(config: Any, argv: list[str]) -> int:
         results.append(result := await runner.run(case))
         if (said := answer_for(case, result, cases, args.seed)) is not None:
             await runner.answer(result, said)
-    heard = chosen[:: max(1, len(chosen) // args.spoken)][: args.spoken] if args.spoken else []  # every category
+    n = min(args.spoken, len(chosen))
+    heard = [chosen[i * len(chosen) // n] for i in range(n)] if n else []  # spread evenly: every category
     voices = spoken_voices(len(heard), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(tqdm(heard, desc="spoken cases", unit="case", disable=None)):
