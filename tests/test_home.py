@@ -384,6 +384,12 @@ def test_a_value_a_device_cannot_take_is_said_and_not_done(tmp_path):
     assert "takes ON, OFF, 50" in home.annotate("set the kitchen light to 25%")
 
 
+def test_a_language_home_assistant_has_no_sentences_for_is_a_clear_error(tmp_path):
+    config = load_config(_write(tmp_path, DEVICES), environ={})
+    with pytest.raises(ValueError, match="no sentences for language 'xx'.*fix"):
+        Home.from_config(config.mqtt, "xx")
+
+
 def test_the_home_device_here_and_floors_come_from_the_config(tmp_path):
     text = DEVICES.replace("[llm]", '[mqtt]\narea = "kitchen"\n\n[llm]')
     home = load(tmp_path, text)

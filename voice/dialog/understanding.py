@@ -199,7 +199,10 @@ def _language_data(language: str) -> dict[str, Any]:
     """Home Assistant's sentences for the language with ours merged in (both as hassil reads them)."""
     data = get_intents(language)
     if data is None:
-        raise ValueError(f"home-assistant-intents has no sentences for language {language!r}")
+        raise ValueError(
+            f"home-assistant-intents has no sentences for language {language!r} (stt.language); fix: one of "
+            "Home Assistant's languages, e.g. 'en', or no mqtt.devices"
+        )
     data = {**data, "intents": dict(data["intents"]), "expansion_rules": dict(data.get("expansion_rules", {}))}
     ours_path = SENTENCES / f"{language}.yaml"
     if ours_path.exists():
