@@ -562,3 +562,14 @@ def test_a_guess_for_several_devices_is_one_question_and_yes_does_them_all(tmp_p
     assert home.asked_back(history) == ([home.devices[0], home.devices[1]], ["OFF"])
     assert commands(home, "yes please", history) == (True, {(KITCHEN, "OFF"), (COUNTER, "OFF")})
     assert home.annotate("yes please", history) == "yes please (the kitchen light and the counter lights off)"
+
+
+def test_heard_words_without_a_verb_are_asked_back_typed_ones_taken_as_written(tmp_path):
+    """Whisper drops a question's first word ("are our bedroom lamp off" heard as "Our bedroom lamp off."): a
+    sentence that matches with its optional verb left out is confirmed first when heard."""
+    home = load(tmp_path)
+    for said, expected in [("Our bedroom lamp off.", (BEDROOM, "OFF")), ("the kitchen light to 50", (KITCHEN, "50"))]:
+        assert commands(home, said) == (True, {expected}), said
+        assert commands(home, said, spoken=True) == (False, {expected}), said
+    for said in ["turn off the bedroom lamp", "set the kitchen light to 50%", "open the garage door"]:
+        assert commands(home, said, spoken=True)[0], said  # a verb was said: done at once

@@ -157,6 +157,8 @@ class Home:
                 return Act(commands, certain=True, intent="answer")
         if isinstance(reading, NoMatch) and spoken and (guess := self.guess(text)) is not None:
             return guess
+        if isinstance(reading, Act) and reading.terse and spoken:  # maybe a question that lost its first word
+            return Act(reading.commands, certain=False, intent=reading.intent)
         return reading
 
     def guess(self, text: str) -> Act | None:

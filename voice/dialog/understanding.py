@@ -28,7 +28,7 @@ from hassil import Intents, recognize_all
 from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
-from hassil.recognize import RecognizeResult
+from hassil.recognize import RecognizeResult, is_match
 from hassil.sample import sample_sentence
 from home_assistant_intents import get_intents
 from unicode_rbnf import RbnfEngine
@@ -64,6 +64,7 @@ class Act:
     commands: tuple[Command, ...]
     certain: bool
     intent: str
+    terse: bool = False  # the sentence said only the name and the value ("garden lights off"): no verb
 
 
 @dataclass(frozen=True)
@@ -262,11 +263,11 @@ class HomeGrammar:
     def read(self, text: str) -> Reading:
         """What ``text`` asks: the best strict reading of the whole sentence; else the best one after dropping a
         few words at its ends (a guess: an ``Act`` that is not ``certain``); else ``NoMatch``."""
-        reading = self._best(self._results(text))
+        reading = self._best(self._results(text), text)
         if not isinstance(reading, NoMatch):
             return reading
         for shorter, slots in [(text, self._partial_slots), *((t, self._slots) for t in _trimmed(text, FUZZY_WORDS))]:
-            guess = self._best(self._results(shorter, slots))
+            guess = self._best(self._results(shorter, slots), shorter)
             if isinstance(guess, Act):
                 return Act(guess.commands, certain=False, intent=guess.intent)
             if isinstance(guess, AskState):
@@ -279,10 +280,10 @@ class HomeGrammar:
         found = recognize_all(text, self.intents, slot_lists=slots, intent_context=context, language=self.language)
         return [r for r in found if r.intent.name not in (YES, NO, VALUE)]
 
-    def _best(self, results: list[RecognizeResult]) -> Reading:
+    def _best(self, results: list[RecognizeResult], text: str) -> Reading:
         """The reading of the best result, as Home Assistant ranks them: a device named by name before an area or a
         kind ("the kitchen light" is that light, not every light in the kitchen), then more literal words matched."""
-        readings = [(self._rank(r), self._reading(r)) for r in results]
+        readings = [(self._rank(r), self._reading(r, text)) for r in results]
         readings = [(rank, reading) for rank, reading in readings if not isinstance(reading, NoMatch)]
         if not readings:
             return NoMatch()
@@ -293,7 +294,27 @@ class HomeGrammar:
         wildcards = sum(1 for e in result.entities_list if e.is_wildcard)
         return ("name" not in result.entities, wildcards, -result.text_chunks_matched)
 
-    def _reading(self, result: RecognizeResult) -> Reading:
+    def _terse(self, result: RecognizeResult, text: str) -> bool:
+        """The words match their sentence with its optional verbs left out and need none ("[<turn>] [<the>] {name}
+        [to] off" read "Our garden lights off."): a recogniser that lost a question's first word ("are our garden
+        lights off") gives just that, so heard words of this shape are asked back (typed ones are taken as written)."""
+        template = (result.intent_sentence.text if result.intent_sentence is not None else None) or ""
+        bare = re.sub(r"\[<(?!the>)[^>\]]*>\]", "", template)  # the optional rule references, <the> kept
+        if re.search(r"<(?!the>)[^>]*>", re.sub(r"\[[^\]]*\]", "", bare)):
+            return False  # a verb it cannot do without: "<turn> off [<the>] {name}"
+        slots = {**self.intents.slot_lists, **self._slots}
+        return bool(
+            is_match(
+                text,
+                parse_sentence(bare),
+                slots,
+                self.intents.expansion_rules,
+                self.intents.skip_words,
+                language=self.language,
+            )
+        )
+
+    def _reading(self, result: RecognizeResult, text: str) -> Reading:
         intent, slots = result.intent.name, {k: e.value for k, e in result.entities.items()}
         if intent == LATER_INTENT:
             command = slots.get("conversation_command")
@@ -305,7 +326,7 @@ class HomeGrammar:
             return AskState(tuple(targets))
         commands = [c for d in targets if (c := self._command(intent, slots, d)) is not None]
         if commands:
-            return Act(tuple(commands), certain=not _bare(result), intent=intent)
+            return Act(tuple(commands), certain=not _bare(result), intent=intent, terse=self._terse(result, text))
         return CannotDo(tuple(targets), intent) if intent in DEEDS or intent in NUMBERS else NoMatch()
 
     def _targets(self, slots: dict[str, Any]) -> list[HomeDevice]:
