@@ -202,6 +202,8 @@ def test_a_question_back_is_answered_with_the_wanted_value_and_scored_after_the_
     # a question about another device than the one meant (a misheard name, guessed) is answered no
     lamp = Result("fan", fan, "HassTurnOn", [], [], " Do you want the lamp on?", False)
     assert answer_for(Case("fan", fan, "HassTurnOn", {}), lamp, cases) == "nah"
+    both = Result("fan", fan, "HassTurnOn", [], [], " Do you want the fan and the lamp on?", False)
+    assert answer_for(Case("fan", fan, "HassTurnOn", {}), both, cases) == "nah"  # more devices than meant
     assert set(load_cases(HELD_OUT_CASES).answers) >= {"yes", "no", "number", "ON", "OFF"}
     asked.answer, asked.answer_published = "Turn it on, please.", [fan]
     assert asked.right_after_answer and not asked.right

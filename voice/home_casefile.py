@@ -266,10 +266,12 @@ def answer_for(case: Case, result: Result, cases: CaseFile, seed: int = 0) -> st
         return None
     answers = {key: _half(said, case.split) for key, said in (cases.answers or _held_out_answers()).items()}
     rng = random.Random(f"{seed}:{case.say}")
-    meant = [d.name for d in cases.devices if d.topic in {w["topic"] for w in wanted}]
+    topics = {w["topic"] for w in wanted}
     reply = result.reply.casefold()
-    if not any(f"{ASK_BACK} {name}".casefold() in reply or f", the {name}".casefold() in reply for name in meant):
-        return rng.choice(answers["no"])
+    question = reply[reply.rfind(ASK_BACK.casefold()) :]
+    named = [d for d in cases.devices if f"the {d.name}".casefold() in question]
+    if not any(d.topic in topics for d in named) or any(d.topic not in topics for d in named):
+        return rng.choice(answers["no"])  # about other devices than those meant, or more of them
     value = wanted[0]["payload"]
     offered = f" {_say(value)}?".casefold()
     if reply.rstrip().endswith(offered) and not reply.rstrip().endswith(f" or{offered}"):  # one value, the one wanted
