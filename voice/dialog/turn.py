@@ -61,7 +61,7 @@ class Turn:
         spoken: bool = False,
     ) -> None:
         self.ctx, self.text, self.trace, self.speak = ctx, text, trace, speak
-        self.spoken = spoken or utterance is not None  # words a recogniser heard (here or elsewhere): may be misheard
+        self.spoken = spoken or utterance is not None  # words a recogniser made (here or elsewhere): not certain
         self.source, self.utterance, self.early = source, utterance, early
         if early is not None:  # the eager end of turn's gain: the reply began this long before the turn ended
             trace.extra["early_lead_ms"] = round((time.monotonic() - early.started) * 1000)
