@@ -5,6 +5,8 @@ back completes it. Real parts: the config loader, the matcher, the marker parser
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from voice.config import ConfigError, load_config
@@ -173,61 +175,21 @@ def test_after_a_question_back_the_recogniser_may_choose_among_answers_the_gramm
     assert home.answers("Yes.", history) == [] and home.answers("Tommy tongue.", []) == []
 
 
-EVERYDAY = """
-[llm]
-mode = "target"
-
-[[mqtt.devices]]
-name = "kitchen light"
-topic = "home/kitchen/light/set"
-payloads = ["ON", "OFF", "50"]
-area = "kitchen"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "garage door"
-topic = "home/garage/door/set"
-payloads = ["OPEN", "CLOSE"]
-area = "garage"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "coffee machine"
-topic = "home/kitchen/coffee/set"
-payloads = ["ON", "OFF"]
-area = "kitchen"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "living room blinds"
-topic = "home/living_room/blinds/set"
-payloads = ["OPEN", "CLOSE", "50"]
-area = "living room"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "porch light"
-topic = "home/porch/light/set"
-payloads = ["ON", "OFF"]
-area = "porch"
-domain = "light"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "front door lock"
-topic = "home/hall/lock/set"
-payloads = ["LOCK", "UNLOCK"]
-area = "hall"
-floor = "downstairs"
-
-[[mqtt.devices]]
-name = "bedroom fan"
-topic = "home/bedroom/fan/set"
-payloads = ["ON", "OFF"]
-area = "bedroom"
-domain = "fan"
-floor = "upstairs"
-"""
+# name, topic, payloads, area, floor, domain (None: inferred) of a home of everyday devices
+_EVERYDAY = [
+    ("kitchen light", "home/kitchen/light/set", ["ON", "OFF", "50"], "kitchen", "downstairs", None),
+    ("garage door", "home/garage/door/set", ["OPEN", "CLOSE"], "garage", "downstairs", None),
+    ("coffee machine", "home/kitchen/coffee/set", ["ON", "OFF"], "kitchen", "downstairs", None),
+    ("living room blinds", "home/living_room/blinds/set", ["OPEN", "CLOSE", "50"], "living room", "downstairs", None),
+    ("porch light", "home/porch/light/set", ["ON", "OFF"], "porch", "downstairs", "light"),
+    ("front door lock", "home/hall/lock/set", ["LOCK", "UNLOCK"], "hall", "downstairs", None),
+    ("bedroom fan", "home/bedroom/fan/set", ["ON", "OFF"], "bedroom", "upstairs", "fan"),
+]
+EVERYDAY = '[llm]\nmode = "target"\n' + "".join(
+    f'\n[[mqtt.devices]]\nname = "{name}"\ntopic = "{topic}"\npayloads = {json.dumps(payloads)}\n'
+    f'area = "{area}"\nfloor = "{floor}"\n' + (f'domain = "{domain}"\n' if domain else "")
+    for name, topic, payloads, area, floor, domain in _EVERYDAY
+)
 LIGHT, DOOR, COFFEE = "home/kitchen/light/set", "home/garage/door/set", "home/kitchen/coffee/set"
 BLINDS, PORCH, LOCK = "home/living_room/blinds/set", "home/porch/light/set", "home/hall/lock/set"
 
