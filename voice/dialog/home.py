@@ -30,6 +30,7 @@ from voice.dialog.actions import (
 )
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home_prompt import home_prompt
+from voice.dialog.sentence_data import device_class
 from voice.dialog.understanding import (
     Act,
     AskState,
@@ -39,7 +40,6 @@ from voice.dialog.understanding import (
     Later,
     NoMatch,
     Reading,
-    device_class,
     infer_domain,
 )
 from voice.dialog.wording import said_as, sounds_like, words
@@ -49,7 +49,13 @@ if TYPE_CHECKING:
 
 OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
-_SAID = {"close": "closed", "lock": "locked", "unlock": "unlocked"}  # a value as the question back says it
+_SAID = {
+    "close": "closed",
+    "lock": "locked",
+    "unlock": "unlocked",
+    "pause": "paused",
+    "play": "playing",
+}  # a value as the question back says it
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
 LATER_SPEECH = " Sorry, I can only do that now, not at a later time."
 DECLINED = "declined"  # the intent of an answer that said no
@@ -256,7 +262,38 @@ class Home:
             return text
         values = [self.states.get(d.state_topic or "", UNKNOWN) for d in shown]
         known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
+        if isinstance(understood, AskState) and (said := self.state_reply(understood)) is not None:
+            return f"{text}\n(state now: {known}; the answer: {said})"
         return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
+
+    def state_reply(self, asked: AskState) -> str | None:
+        """The answer to a question about state, from the state topics, in the shape of Home Assistant's own
+        responses: "Yes, the porch light is on.", "No, the desk fan is on.", "The reading light and the night light
+        are on.", "None of them is on." None when a device's state has not come (the model then says so)."""
+        devices = [d for d in asked.devices if d.state_topic]
+        values = [self.states.get(d.state_topic or "") for d in devices]
+        if not devices or any(v is None for v in values):
+            return None
+        now = dict(zip(devices, [str(v) for v in values], strict=True))
+        if asked.state is None or asked.form == "one":
+            return " ".join(f"The {d.name} {_is(d.name)} {_state_said(v)}." for d, v in now.items())
+        hits = [d for d, v in now.items() if _in_state(v, asked.state)]
+        others = [d for d in devices if d not in hits]
+        if asked.form == "one_yesno":
+            device = devices[0]
+            said = f"the {device.name} {_is(device.name)} {_state_said(now[device])}."
+            return f"Yes, {said}" if hits else f"No, {said}"
+        if asked.form == "all":
+            if not others:
+                return f"Yes, all of them are {asked.state}."
+            return f"No, {_each_state(others, now)}."
+        if asked.form == "how_many":
+            which = f": {_listed_the(hits)}" if hits else ""
+            return f"{len(hits)} {'is' if len(hits) == 1 else 'are'} {asked.state}{which}."
+        if not hits:
+            return f"{'No, n' if asked.form == 'any' else 'N'}one of them is {asked.state}."
+        listed = f"{_listed_the(hits)} {'is' if len(hits) == 1 else 'are'} {asked.state}"
+        return f"Yes, {listed}." if asked.form == "any" else f"{listed[0].upper()}{listed[1:]}."
 
     def mentioned(self, text: str) -> list[HomeDevice]:
         """The devices whose name or an alias stands in the words ("do you know if the kettle is on")."""
@@ -267,8 +304,7 @@ class Home:
         """The question back (``ask_value``), after the state of a single device when one has come."""
         state = self.states.get(devices[0].state_topic or "", "").casefold() if len(devices) == 1 else ""
         name = devices[0].name
-        verb = "are" if name.endswith("s") and not name.endswith("ss") else "is"
-        said = f" The {name} {verb} {'at ' if state.isdigit() else ''}{state}." if state else ""
+        said = f" The {name} {_is(name)} {_state_said(state)}." if state else ""
         return said + ask_value(devices, values)
 
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
@@ -315,6 +351,33 @@ class Home:
             return False
         self.states[state_topic] = value.strip()
         return True
+
+
+def _is(name: str) -> str:
+    return "are" if name.endswith("s") and not name.endswith("ss") else "is"
+
+
+def _listed_the(devices: Sequence[HomeDevice]) -> str:
+    return "the " + _listed([d.name for d in devices])
+
+
+def _state_said(value: str) -> str:
+    """A state as a reply says it: "on", "closed", "at 60"."""
+    word = value.strip().casefold()
+    return f"at {word}" if word.replace(".", "", 1).isdigit() else word
+
+
+def _each_state(devices: Sequence[HomeDevice], now: dict[HomeDevice, str]) -> str:
+    return ", ".join(f"the {d.name} {_is(d.name)} {_state_said(now[d])}" for d in devices)
+
+
+def _in_state(value: str, state: str) -> bool:
+    """Whether a state topic's value is the state a question names: the same word in any case, or a number (a
+    brightness, a position) read as on and open when above zero, off and closed at zero."""
+    word, state = value.strip().casefold(), state.casefold()
+    if word.replace(".", "", 1).isdigit():
+        return (float(word) > 0) == (state in ("on", "open"))
+    return word == state
 
 
 def _certain(reading: Reading) -> bool:
@@ -405,11 +468,15 @@ def constrained_commands(
 def marker_choices(
     home: Home | None, text: str, history: Sequence[dict] = (), spoken: bool = False
 ) -> tuple[list[str], list[str]]:
-    """For the constrained format: what may follow "[ACTION" (``constrained_commands``), and the markers one of
-    which the reply must open with (``Home.opening``; none: it opens freely)."""
+    """For the constrained format: what may follow "[ACTION" (``constrained_commands``), and what the reply must
+    open with: the markers of ``Home.opening``, that nothing is done at a later time, or the answer the state gives
+    to a question about it (``Home.state_reply``); none: it opens freely."""
     commands = constrained_commands(home, text, history, spoken)
     opening = home.opening(text, history, spoken) if home is not None else []
     choices = [f" {topic} {p}]" for topic, payloads in commands.items() for p in payloads]
-    if home is not None and isinstance(home.understand(text, history, spoken), Later):
+    understood = home.understand(text, history, spoken) if home is not None else None
+    if isinstance(understood, Later):
         return choices, [LATER_SPEECH.strip()]
+    if home is not None and isinstance(understood, AskState) and (said := home.state_reply(understood)):
+        return choices, [said]
     return choices, ["".join(f"[{KEYWORD} {c.topic} {c.payload}]" for c in opening)] if opening else []

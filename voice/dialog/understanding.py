@@ -16,26 +16,22 @@ Questions about state, requests for a later time and values a device cannot take
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
-import yaml
-from hassil import Intents, recognize_all
+from hassil import recognize_all
 from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult, is_match
 from hassil.sample import sample_sentence
-from home_assistant_intents import get_intents
 from unicode_rbnf import RbnfEngine
 
 from voice.dialog.devices import HomeDevice
+from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, language_data
 
-SENTENCES = Path(__file__).parent / "sentences"
 # Dropped from either end of a sentence that does not match as a whole, at most this many words in all: the
 # matcher's tolerance for a clause it has no template for. Such a match is only ever asked back.
 FUZZY_WORDS = 4
@@ -69,9 +65,13 @@ class Act:
 
 @dataclass(frozen=True)
 class AskState:
-    """The words ask how devices are ("is the back door locked?", "which lights are on?"): never acts."""
+    """The words ask how devices are ("is the back door locked?", "which lights are on?"): never acts. ``state``:
+    the state the question names ("on"), if any; ``form``: Home Assistant's response for the sentence that
+    matched ("one_yesno": is it so; "any", "all", "which", "how_many" of several; "one": how it is)."""
 
     devices: tuple[HomeDevice, ...]
+    state: str | None = None
+    form: str = "one"
 
 
 @dataclass(frozen=True)
@@ -169,61 +169,6 @@ def infer_domain(payloads: Sequence[str], topic: str) -> str:
     return "light" if numbers else "switch"
 
 
-DOMAINS = frozenset({"light", "switch", "fan", "cover", "lock", "climate", "media_player", "valve", "vacuum"})
-
-
-def device_class(name: str, aliases: Sequence[str], language: str = "en") -> str | None:
-    """A cover's class as Home Assistant's ``cover_classes`` list names it ("blind" for "bay window blinds"): the
-    list's own words, found in the name or an alias; None when none is there."""
-    said = [f" {n.casefold()} " for n in (name, *aliases)]
-    found = [
-        (s.rfind(f" {form} ") + len(form), len(form), str(value.get("out")))
-        for value in _language_data(language).get("lists", {}).get("cover_classes", {}).get("values", [])
-        for form in _forms(str(value.get("in", "")))
-        for s in said
-        if f" {form} " in s
-    ]
-    return max(found)[2] if found else None  # the word the name ends on, the longest: "garage door" is a garage
-
-
-def _forms(template: str) -> list[str]:
-    """The plain forms of a list entry like "blind[s]" (both) or "garage door[s]"."""
-    if "[" not in template:
-        return [template.casefold()]
-    stem, _, rest = template.partition("[")
-    optional, _, after = rest.partition("]")
-    return [f"{stem}{after}".casefold(), f"{stem}{optional}{after}".casefold()]
-
-
-@functools.cache
-def _language_data(language: str) -> dict[str, Any]:
-    """Home Assistant's sentences for the language with ours merged in (both as hassil reads them)."""
-    data = get_intents(language)
-    if data is None:
-        raise ValueError(
-            f"home-assistant-intents has no sentences for language {language!r} (stt.language); fix: one of "
-            "Home Assistant's languages, e.g. 'en', or no mqtt.devices"
-        )
-    data = {**data, "intents": dict(data["intents"]), "expansion_rules": dict(data.get("expansion_rules", {}))}
-    ours_path = SENTENCES / f"{language}.yaml"
-    if ours_path.exists():
-        ours = yaml.safe_load(ours_path.read_text())
-        for name, intent in ours.get("intents", {}).items():
-            known = data["intents"].get(name, {"data": []})
-            data["intents"][name] = {**known, "data": [*known["data"], *intent["data"]]}
-        data["expansion_rules"].update(ours.get("expansion_rules", {}))
-        data["lists"] = {**data.get("lists", {}), **ours.get("lists", {})}
-        data["sample_rules"] = ours.get("sample_rules", {})
-        data["value_forms"] = ours.get("value_forms", {})
-        data["skip_words"] = [*data.get("skip_words", []), *ours.get("skip_words", [])]
-    return data
-
-
-@functools.cache
-def _intents(language: str) -> Intents:
-    return Intents.from_dict(_language_data(language))
-
-
 def _text_list(name: str, pairs: Iterable[tuple[str, Any, dict[str, Any] | None]]) -> TextSlotList:
     values = [TextSlotValue(TextChunk(text), value, context) for text, value, context in pairs]
     return TextSlotList(name=name, values=values)
@@ -239,7 +184,7 @@ class HomeGrammar:
     _slots: dict[str, SlotList] = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
-        self.intents = _intents(self.language)
+        self.intents = intents_for(self.language)
         names = [
             (said, i, {"domain": d.domain, **({"area": d.area} if d.area else {})})
             for i, d in enumerate(self.devices)
@@ -247,15 +192,20 @@ class HomeGrammar:
         ]
         areas = dict.fromkeys(d.area for d in self.devices if d.area)
         floors = dict.fromkeys(d.floor for d in self.devices if d.floor)
-        parts = [(said, i, context) for said, i, context in _partial_names(self.devices)]
+        kinds = kind_words(self.language)
+        # a name without its last word when that word only says the device's kind ("lock the side gate" for the
+        # side gate lock): the sentence's verb says the kind again, so this is as sure as the whole name
+        parts = _partial_names(self.devices)
+        kindless = [(said, i, context) for said, i, context, dropped in parts if dropped in kinds]
+        guessed = [(said, i, context) for said, i, context, dropped in parts if dropped not in kinds]
         self._slots = {
-            "name": _text_list("name", names),
+            "name": _text_list("name", [*names, *kindless]),
             "area": _text_list("area", ((a, a, None) for a in areas)),
             "floor": _text_list("floor", ((f, f, None) for f in floors)),
             "value": _text_list("value", ()),  # the answers' values: only while a question back is answered
         }
         # names said in part ("the side gate" for the side gate lock): only ever a guess, asked back
-        self._partial_slots = {**self._slots, "name": _text_list("name", [*names, *parts])}
+        self._partial_slots = {**self._slots, "name": _text_list("name", [*names, *kindless, *guessed])}
         self._numbers = RbnfEngine.for_language(self.language.split("_")[0].split("-")[0])
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
@@ -323,7 +273,8 @@ class HomeGrammar:
         if not targets:
             return NoMatch()
         if intent in STATE_INTENTS:
-            return AskState(tuple(targets))
+            state = slots.get("state")
+            return AskState(tuple(targets), str(state) if state else None, result.response or "one")
         commands = [c for d in targets if (c := self._command(intent, slots, d)) is not None]
         if commands:
             return Act(tuple(commands), certain=not _bare(result), intent=intent, terse=self._terse(result, text))
@@ -390,7 +341,7 @@ class HomeGrammar:
 
     def _state_words(self, word: str) -> list[str]:
         """The state words of Home Assistant's lists (cover, lock, on/off states) that begin like ``word``."""
-        lists = _language_data(self.language).get("lists", {})
+        lists = language_data(self.language).get("lists", {})
         found = []
         for name in ("on_off_states", "cover_states", "lock_states"):
             for value in lists.get(name, {}).get("values", []):
@@ -404,7 +355,7 @@ class HomeGrammar:
         shortest (its optional words left out, each rule its most common word), alone and with the polite word
         after it ("Turn it on.", "Turn it on, please."): what the recogniser scores against the audio when the
         words it heard answer nothing (voice/dialog/rehearing.py)."""
-        data = _language_data(self.language)
+        data = language_data(self.language)
         rules = {name: parse_sentence(rule) for name, rule in data.get("sample_rules", {}).items()}
         slots = {**self._slots, "value": self._value_slot(values, forms=1)}
         shortest = [
@@ -423,7 +374,7 @@ class HomeGrammar:
         other words for them ("stop" for PAUSE)."""
         pairs = [(form, v) for v in values for form in self.value_forms(v)[:forms]]
         if forms is None:
-            other = _language_data(self.language).get("value_forms", {})
+            other = language_data(self.language).get("value_forms", {})
             pairs += [(str(other[v.upper()]), v) for v in values if v.upper() in other]
         values_in = [TextSlotValue.from_tuple(pair) for pair in pairs]
         return TextSlotList(name="value", values=values_in)
@@ -445,21 +396,24 @@ def _first(device: HomeDevice, spellings: Sequence[str]) -> Command | None:
     return None
 
 
-def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[str, Any]]]:
+def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[str, Any], str]]:
     """Each name of several words without its first or its last word ("side gate" of "side gate lock"), where
-    that part belongs to one device only and is no area's name."""
-    areas = {d.area.casefold() for d in devices if d.area}
+    that part belongs to one device only and is no area's or floor's name; with the last word it drops ("" for
+    the first: "the door" for the garage door is no sure name)."""
+    places = {p.casefold() for d in devices for p in (d.area, d.floor) if p}
     found: dict[str, set[int]] = {}
+    dropped: dict[str, str] = {}
     for i, d in enumerate(devices):
         for name in (d.name, *d.aliases):
-            words = name.split()
-            for part in (words[1:], words[:-1]) if len(words) > 1 else ():
-                found.setdefault(" ".join(part).casefold(), set()).add(i)
+            words = name.casefold().split()
+            for part, word in ((words[1:], ""), (words[:-1], words[-1])) if len(words) > 1 else ():
+                found.setdefault(" ".join(part), set()).add(i)
+                dropped[" ".join(part)] = word
     whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
     return [
-        (part, i, {"domain": devices[i].domain})
+        (part, i, {"domain": devices[i].domain}, dropped[part])
         for part, owners in found.items()
-        if len(owners) == 1 and part not in areas and part not in whole
+        if len(owners) == 1 and part not in places and part not in whole
         for i in owners
     ]
 
