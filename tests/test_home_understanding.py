@@ -309,3 +309,72 @@ def test_a_question_about_a_device_whose_state_has_not_come_is_left_to_the_model
     home = _yard()
     assert marker_choices(home, "is the porch light on?")[1] == []
     assert "porch light = unknown" in home.annotate("is the porch light on?")
+
+
+@pytest.mark.parametrize(
+    "said, certain, expected",
+    [
+        ("lock all the doors", True, {"side gate lock"}),  # every lock; never another kind of device
+        ("unlock both locks", True, {"side gate lock"}),
+        ("in the yard, turn on the lights", True, {"shed light"}),  # a place said first
+        ("the shed light, switch it on", False, {"shed light"}),  # the device said first: a guess, asked back
+        ("it's dark out, turn on the porch light", False, {"porch light"}),  # the reason first
+        ("once the baby's asleep, turn it off", None, set()),  # no device: the model's
+    ],
+)
+def test_places_and_clauses_said_first_and_all_the_locks(said, certain, expected):
+    understood = _yard().understand(said)
+    if certain is None:
+        assert isinstance(understood, NoMatch), understood
+        return
+    assert isinstance(understood, Act) and understood.certain is certain, understood
+    assert {c.device.name for c in understood.commands} == expected
+
+
+def _house() -> Home:
+    """Two floors, lights in two rooms, two fans, a blind and a curtain, two locks."""
+    light = ("ON", "OFF", "50")
+    cover = ("OPEN", "CLOSE", "50")
+    return Home(
+        [
+            HomeDevice("ceiling light", "h/kitchen/ceiling/set", light, "kitchen", None, "light", (), "downstairs"),
+            HomeDevice("cabinet lights", "h/kitchen/cabinet/set", light, "kitchen", None, "light", (), "downstairs"),
+            HomeDevice("bedside lamp", "h/bedroom/lamp/set", light, "bedroom", None, "light", (), "upstairs"),
+            HomeDevice("extractor fan", "h/bath/fan/set", ("ON", "OFF"), "bathroom", None, "fan", (), "upstairs"),
+            HomeDevice("desk fan", "h/study/fan/set", ("ON", "OFF"), "study", None, "fan", (), "downstairs"),
+            HomeDevice(
+                "bedroom blind", "h/bedroom/blind/set", cover, "bedroom", None, "cover", (), "upstairs", "blind"
+            ),
+            HomeDevice(
+                "study curtains", "h/study/curtains/set", cover, "study", None, "cover", (), "downstairs", "curtain"
+            ),
+            HomeDevice("front door lock", "h/hall/front/set", ("LOCK", "UNLOCK"), "hall", None, "lock"),
+            HomeDevice("shed lock", "h/yard/shed/set", ("LOCK", "UNLOCK"), "yard", None, "lock"),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "said, expected",
+    [
+        ("put every light in the house on", {"ceiling light", "cabinet lights", "bedside lamp"}),
+        ("turn the lights in the kitchen off", {"ceiling light", "cabinet lights"}),  # the place inside the verb
+        ("kill the lights upstairs", {"bedside lamp"}),
+        ("in the kitchen, turn on the lights", {"ceiling light", "cabinet lights"}),
+        ("all the fans off please", {"extractor fan", "desk fan"}),
+        ("close all the blinds and curtains", {"bedroom blind", "study curtains"}),  # two kinds of cover
+        ("close the blinds", {"bedroom blind"}),  # a kind of cover: never the curtains
+        ("lock everything up", {"front door lock", "shed lock"}),  # every lock, and nothing else
+        ("switch it all off downstairs", {"ceiling light", "cabinet lights", "desk fan"}),  # never a cover or lock
+    ],
+)
+def test_devices_chosen_by_kind_and_place_each_get_the_command_once(said, expected):
+    understood = _house().understand(said)
+    assert isinstance(understood, Act) and understood.certain, understood
+    assert sorted(c.device.name for c in understood.commands) == sorted(expected)
+
+
+@pytest.mark.parametrize("said", ["are all the fans off", "is everything off", "I left all the lights on upstairs"])
+def test_questions_and_statements_about_kinds_and_places_never_act(said):
+    understood = _house().understand(said)
+    assert not (isinstance(understood, Act) and understood.certain), understood

@@ -415,3 +415,20 @@ async def test_a_device_name_heard_wrong_is_guessed_from_the_audio_and_asked_bac
     text = await stream.final()
     assert home.renamings(text) and wer("Turn on the garden lamp.", text) == 0, text  # "the desk lamp" is scored
     assert await rehear(home, text, [], stream) == text  # the audio fits its own words far better
+
+
+async def test_a_yes_the_audio_fits_about_as_well_as_a_no_is_taken_as_the_no(stt):
+    """A yes to a question back acts, so a yes that was said as a no must not get through: the words are weighed
+    against the no answers on the audio. Real audio of a no, with the words a recogniser might have written for
+    it; and a yes really said, which stays a yes."""
+    home, asked = _home(), [{"role": "assistant", "content": "Do you want the bedroom lamp on?"}]
+    stream = stt.stream()
+    stream.add(np.concatenate([espeak("No, leave it."), silence(300)]))
+    chosen = await rehear(home, "Yes, please.", asked, stream)
+    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    stream = stt.stream()
+    stream.add(np.concatenate([piper("Yes, please."), silence(300)]))
+    heard = await stream.final()
+    assert home.grammar.answer(heard, ["ON", "OFF"]) == Answer(True), heard
+    assert await rehear(home, heard, asked, stream) == heard  # the audio fits its yes far better than any no
+    assert await rehear(home, heard, [], stream) == heard  # no question back: nothing to weigh

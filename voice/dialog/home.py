@@ -32,6 +32,7 @@ from voice.dialog.devices import HomeDevice
 from voice.dialog.home_prompt import home_prompt
 from voice.dialog.sentence_data import device_class
 from voice.dialog.understanding import (
+    NO,
     Act,
     AskState,
     CannotDo,
@@ -222,6 +223,18 @@ class Home:
         if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answer(heard, payloads):
             return []
         return self.grammar.sample_answers(payloads)
+
+    def noes(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
+        """The answers that say no to the last question back, for the recogniser to weigh a heard yes against: a
+        yes the audio fits hardly better than a no is taken as the no (a misheard yes acts; a misheard no does
+        not). [] when the words are no yes to a question back."""
+        if (asked := self.asked_back(history)) is None:
+            return []
+        payloads = asked[0][0].payloads
+        answer = self.grammar.answer(heard, payloads)
+        if answer is None or not answer.yes or _certain(self.grammar.read(heard)):
+            return []
+        return self.grammar.sample_answers(payloads, intents=(NO,))
 
     def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
         """Spoken words that match nothing, said with a span as a device's name (``said_as``) where that makes a

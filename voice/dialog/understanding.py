@@ -38,6 +38,9 @@ FUZZY_WORDS = 4
 
 YES, NO, VALUE = "SpecvoiceYes", "SpecvoiceNo", "SpecvoiceValue"  # the answers to a question back (our sentences)
 STATE_INTENTS = frozenset({"HassGetState", "HassClimateGetTemperature"})
+# Home Assistant's rules for articles, places and quantities ("the", "in", "all", "everywhere", "here", "home"):
+# they say where and how many, never what to do
+PLACE_RULES = frozenset({"the", "in", "all", "everywhere", "here", "home"})
 LATER_INTENT = "HassStartTimer"  # with a command: Home Assistant's delayed command ("... in ten minutes")
 
 
@@ -206,6 +209,12 @@ class HomeGrammar:
         }
         # names said in part ("the side gate" for the side gate lock): only ever a guess, asked back
         self._partial_slots = {**self._slots, "name": _text_list("name", [*names, *kindless, *guessed])}
+        # the words a sentence must hold to command anything here: its names, places, kinds, and the first word of
+        # each way to say "everything" (not its "the" and "of")
+        everything = str(language_data(self.language).get("expansion_rules", {}).get("everything", ""))
+        firsts = [alternative.split()[0] for alternative in everything.strip("()").split("|") if alternative.split()]
+        said = [*(n for n, _, _ in names), *areas, *floors, *(p for p, *_ in parts), *firsts]
+        self._vocabulary = kinds | {w for text in said if text for w in _words(str(text))}
         self._numbers = RbnfEngine.for_language(self.language.split("_")[0].split("-")[0])
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
@@ -216,6 +225,8 @@ class HomeGrammar:
         reading = self._best(self._results(text), text)
         if not isinstance(reading, NoMatch):
             return reading
+        if not _words(text) & self._vocabulary:
+            return NoMatch()  # names nothing of this home: no part of it can command it (and the search is slow)
         for shorter, slots in [(text, self._partial_slots), *((t, self._slots) for t in _trimmed(text, FUZZY_WORDS))]:
             guess = self._best(self._results(shorter, slots), shorter)
             if isinstance(guess, Act):
@@ -248,9 +259,12 @@ class HomeGrammar:
         """The words match their sentence with its optional verbs left out and need none ("[<turn>] [<the>] {name}
         [to] off" read "Our garden lights off."): a recogniser that lost a question's first word ("are our garden
         lights off") gives just that, so heard words of this shape are asked back (typed ones are taken as written)."""
+        if (result.intent_metadata or {}).get("terse"):
+            return True  # our sentence data marks its forms without a verb ("all the lights off upstairs")
         template = (result.intent_sentence.text if result.intent_sentence is not None else None) or ""
         bare = re.sub(r"\[<(?!the>)[^>\]]*>\]", "", template)  # the optional rule references, <the> kept
-        if re.search(r"<(?!the>)[^>]*>", re.sub(r"\[[^\]]*\]", "", bare)):
+        required = re.findall(r"<([^>]*)>", re.sub(r"\[[^\]]*\]", "", bare))
+        if any(not self._names_things(rule) for rule in required):
             return False  # a verb it cannot do without: "<turn> off [<the>] {name}"
         slots = {**self.intents.slot_lists, **self._slots}
         return bool(
@@ -263,6 +277,15 @@ class HomeGrammar:
                 language=self.language,
             )
         )
+
+    def _names_things(self, rule: str) -> bool:
+        """A rule of the sentence data that says which devices or where, never what to do: an article, place or
+        quantity (``PLACE_RULES``), or one whose words all say a kind of device (<light>: "light", "lamps")."""
+        if rule in PLACE_RULES:
+            return True
+        said = str(language_data(self.language).get("expansion_rules", {}).get(rule, ""))
+        words = _words(re.sub(r"<[^>]*>|\{[^}]*\}|\[s\]", " ", said))
+        return bool(words) and words <= kind_words(self.language)
 
     def _reading(self, result: RecognizeResult, text: str) -> Reading:
         intent, slots = result.intent.name, {k: e.value for k, e in result.entities.items()}
@@ -297,8 +320,9 @@ class HomeGrammar:
         elif "domain" in slots and "name" not in slots:
             domains = slots["domain"] if isinstance(slots["domain"], list) else [slots["domain"]]
             chosen = [d for d in chosen if d.domain in domains]
-        if "device_class" in slots and "name" not in slots:
-            chosen = [d for d in chosen if d.device_class == slots["device_class"]]
+        if "device_class" in slots and "name" not in slots:  # and a second: "the blinds and the curtains"
+            classes = {slots[key] for key in ("device_class", "device_class_2") if key in slots}
+            chosen = [d for d in chosen if d.device_class in classes]
         return chosen
 
     def _command(self, intent: str, slots: dict[str, Any], device: HomeDevice) -> Command | None:
@@ -350,17 +374,20 @@ class HomeGrammar:
                     found.append(out)
         return found
 
-    def sample_answers(self, values: Sequence[str], limit: int = 60) -> list[str]:
-        """Sentences of the answer grammar for a question back offering ``values``: each answer template at its
-        shortest (its optional words left out, each rule its most common word), alone and with the polite word
-        after it ("Turn it on.", "Turn it on, please."): what the recogniser scores against the audio when the
-        words it heard answer nothing (voice/dialog/rehearing.py)."""
+    def sample_answers(
+        self, values: Sequence[str], limit: int = 60, intents: Sequence[str] = (YES, NO, VALUE)
+    ) -> list[str]:
+        """Sentences of the answer grammar (of the answer ``intents``: YES, NO, VALUE) for a question back offering
+        ``values``: each answer template at its shortest (its optional words left out, each rule its most common
+        word), alone and with the polite word after it ("Turn it on.", "Turn it on, please."): what the recogniser
+        scores against the audio when the words it heard answer nothing, or to weigh a yes against the noes
+        (voice/dialog/rehearing.py)."""
         data = language_data(self.language)
         rules = {name: parse_sentence(rule) for name, rule in data.get("sample_rules", {}).items()}
         slots = {**self._slots, "value": self._value_slot(values, forms=1)}
         shortest = [
             " ".join(said.split())
-            for name in (YES, NO, VALUE)
+            for name in intents
             for intent_data in self.intents.intents[name].data
             for sentence in intent_data.sentences
             for said in sample_sentence(sentence, slots, rules, self.language, skip_optionals=True)
@@ -420,13 +447,25 @@ def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[s
 
 def _trimmed(text: str, most: int) -> list[str]:
     """``text`` with up to ``most`` words dropped from its ends, and never more than a third of them, fewest first
-    (the end before the start): what is left must still be most of what was said; then its first clause (a
-    command said first and explained after; "once the baby's asleep, turn it off" is no command now)."""
+    (the end before the start): what is left must still be most of what was said; then each of its clauses alone
+    and so trimmed, the first first (a command said before or after its reason: "switch it on, the kids are home",
+    "I'm done in here, you can turn the fan off"), and two clauses the other way round ("the fan, switch it on")."""
+    clauses = [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
+    if len(clauses) < 2:
+        return _shortened(text, most)
+    swapped = [f"{clauses[1]} {clauses[0]}"] if len(clauses) == 2 else []
+    return [*_shortened(text, most), *(t for c in clauses for t in (c, *_shortened(c, most))), *swapped]
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"[^\W_]+", text.casefold()))
+
+
+def _shortened(text: str, most: int) -> list[str]:
     words = text.split()
     out = []
     for dropped in range(1, min(most, len(words) // 3) + 1):
         for front in range(dropped + 1):
             back = dropped - front
             out.append(" ".join(words[front : len(words) - back]))
-    clauses = [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
-    return out + clauses[:1] if len(clauses) > 1 else out  # the first clause alone: "switch it on, the kids are home"
+    return out
