@@ -23,8 +23,9 @@ from typing import Any
 from audio.frames import SPEECH_RATE
 from audio.wavfile import write_wav
 from voice.dialog.actions import REFUSED_SPEECH, check_allowed
-from voice.dialog.home import ASK_BACK, OPPOSITE
+from voice.dialog.home import ASK_BACK
 from voice.dialog.home import say_value as _say
+from voice.dialog.state_reply import OPPOSITE
 from voice.events import ActionRequested
 from voice.speechset import voices
 

@@ -31,6 +31,7 @@ from voice.dialog.actions import (
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home_prompt import home_prompt
 from voice.dialog.sentence_data import device_class
+from voice.dialog.state_reply import is_or_are, listed, state_reply, state_said, yes_or_no
 from voice.dialog.understanding import (
     NO,
     Act,
@@ -48,7 +49,6 @@ from voice.dialog.wording import said_as, sounds_like, words
 if TYPE_CHECKING:
     from voice.config_servers import MQTTConfig
 
-OPPOSITE = {"on": "off", "off": "on", "open": "closed", "closed": "open"}  # a state and the one it is not
 ASK_BACK = "Do you want the"  # how a question back (``ask_value``) starts
 _SAID = {
     "close": "closed",
@@ -70,12 +70,7 @@ def ask_value(devices: Sequence[HomeDevice], values: Sequence[str] | None = None
         values = [p for p in devices[0].payloads if not p.isdigit()] or devices[0].payloads
     said = [say_value(p) for p in values]
     choices = f"{', '.join(said[:-1])} or {said[-1]}" if len(said) > 1 else said[0]
-    return f" {ASK_BACK} {_listed([d.name for d in devices])} {choices}?"
-
-
-def _listed(names: Sequence[str]) -> str:
-    """ "kettle", "kettle and the fan", "kettle, the fan and the lamp": how the question back names devices."""
-    return names[0] if len(names) == 1 else f"{', the '.join(names[:-1])} and the {names[-1]}"
+    return f" {ASK_BACK} {listed([d.name for d in devices])} {choices}?"
 
 
 def say_value(value: str) -> str:
@@ -226,8 +221,8 @@ class Home:
 
     def noes(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
         """The answers that say no to the last question back, for the recogniser to weigh a heard yes against: a
-        yes the audio fits hardly better than a no is taken as the no (a misheard yes acts; a misheard no does
-        not). [] when the words are no yes to a question back."""
+        yes the audio fits hardly better than a no is taken as the no (a yes acts; a no does nothing). [] when the
+        words are no yes to a question back."""
         if (asked := self.asked_back(history)) is None:
             return []
         payloads = asked[0][0].payloads
@@ -258,7 +253,7 @@ class Home:
         cannot take with a note that says so."""
         understood = self.understand(text, history, spoken)
         if isinstance(understood, Act) and understood.intent == "answer" and understood.commands:
-            names = _listed([c.device.name for c in understood.commands])
+            names = listed([c.device.name for c in understood.commands])
             return f"{text} (the {names} {say_value(understood.commands[0].payload)})"
         if isinstance(understood, Declined):
             return f"{text}\n(note: the user said no; nothing was changed)"
@@ -277,36 +272,11 @@ class Home:
         known = ", ".join(f"{d.name} = {value}" for d, value in zip(shown, values, strict=True))
         if isinstance(understood, AskState) and (said := self.state_reply(understood)) is not None:
             return f"{text}\n(state now: {known}; the answer: {said})"
-        return f"{text}\n(state now: {known}{_yes_or_no(text, values)})"
+        return f"{text}\n(state now: {known}{yes_or_no(text, values)})"
 
     def state_reply(self, asked: AskState) -> str | None:
-        """The answer to a question about state, from the state topics, in the shape of Home Assistant's own
-        responses: "Yes, the porch light is on.", "No, the desk fan is on.", "The reading light and the night light
-        are on.", "None of them is on." None when a device's state has not come (the model then says so)."""
-        devices = [d for d in asked.devices if d.state_topic]
-        values = [self.states.get(d.state_topic or "") for d in devices]
-        if not devices or any(v is None for v in values):
-            return None
-        now = dict(zip(devices, [str(v) for v in values], strict=True))
-        if asked.state is None or asked.form == "one":
-            return " ".join(f"The {d.name} {_is(d.name)} {_state_said(v)}." for d, v in now.items())
-        hits = [d for d, v in now.items() if _in_state(v, asked.state)]
-        others = [d for d in devices if d not in hits]
-        if asked.form == "one_yesno":
-            device = devices[0]
-            said = f"the {device.name} {_is(device.name)} {_state_said(now[device])}."
-            return f"Yes, {said}" if hits else f"No, {said}"
-        if asked.form == "all":
-            if not others:
-                return f"Yes, all of them are {asked.state}."
-            return f"No, {_each_state(others, now)}."
-        if asked.form == "how_many":
-            which = f": {_listed_the(hits)}" if hits else ""
-            return f"{len(hits)} {'is' if len(hits) == 1 else 'are'} {asked.state}{which}."
-        if not hits:
-            return f"{'No, n' if asked.form == 'any' else 'N'}one of them is {asked.state}."
-        listed = f"{_listed_the(hits)} {'is' if len(hits) == 1 else 'are'} {asked.state}"
-        return f"Yes, {listed}." if asked.form == "any" else f"{listed[0].upper()}{listed[1:]}."
+        """The answer the state topics give to a question about state (voice/dialog/state_reply.py)."""
+        return state_reply(asked, self.states)
 
     def mentioned(self, text: str) -> list[HomeDevice]:
         """The devices whose name or an alias stands in the words ("do you know if the kettle is on")."""
@@ -317,7 +287,7 @@ class Home:
         """The question back (``ask_value``), after the state of a single device when one has come."""
         state = self.states.get(devices[0].state_topic or "", "").casefold() if len(devices) == 1 else ""
         name = devices[0].name
-        said = f" The {name} {_is(name)} {_state_said(state)}." if state else ""
+        said = f" The {name} {is_or_are(name)} {state_said(state)}." if state else ""
         return said + ask_value(devices, values)
 
     def grounding(self, heard: str, history: Sequence[dict] = (), spoken: bool = False) -> Grounding:
@@ -366,33 +336,6 @@ class Home:
         return True
 
 
-def _is(name: str) -> str:
-    return "are" if name.endswith("s") and not name.endswith("ss") else "is"
-
-
-def _listed_the(devices: Sequence[HomeDevice]) -> str:
-    return "the " + _listed([d.name for d in devices])
-
-
-def _state_said(value: str) -> str:
-    """A state as a reply says it: "on", "closed", "at 60"."""
-    word = value.strip().casefold()
-    return f"at {word}" if word.replace(".", "", 1).isdigit() else word
-
-
-def _each_state(devices: Sequence[HomeDevice], now: dict[HomeDevice, str]) -> str:
-    return ", ".join(f"the {d.name} {_is(d.name)} {_state_said(now[d])}" for d in devices)
-
-
-def _in_state(value: str, state: str) -> bool:
-    """Whether a state topic's value is the state a question names: the same word in any case, or a number (a
-    brightness, a position) read as on and open when above zero, off and closed at zero."""
-    word, state = value.strip().casefold(), state.casefold()
-    if word.replace(".", "", 1).isdigit():
-        return (float(word) > 0) == (state in ("on", "open"))
-    return word == state
-
-
 def _certain(reading: Reading) -> bool:
     return isinstance(reading, Act) and reading.certain
 
@@ -410,18 +353,6 @@ def guessed_as(text: str, device: HomeDevice) -> str:
 
 
 _GUESS = re.compile(r"(.*) \(the (.+)\)", re.DOTALL)  # ``guessed_as``'s form
-
-
-def _yes_or_no(question: str, values: list[str]) -> str:
-    """For a yes/no question about one device's state ("is the garage door closed?"), the answer the state
-    gives: the small model opened with "Yes" whatever the state it was shown. "" when the question names no
-    single state (or both, "open or closed") or the state is not one of a known pair."""
-    if len(values) != 1 or (value := values[0].casefold()) not in OPPOSITE:
-        return ""
-    named = set(words(question)) & {value, OPPOSITE[value]}
-    if len(named) != 1:
-        return ""
-    return "; so the answer is yes" if named == {value} else "; so the answer is no"
 
 
 @dataclass

@@ -4,7 +4,7 @@ that the audio fits about as well as Whisper's own words replaces them.
 
 Three such places, all only for speech: an answer to a question back (``Home.answers``: tiny.en heard "Turn it
 on, please." as "Tommy tongue, please." in one voice every time); a yes to a question back, weighed against the
-noes (``Home.noes``: one accent's "no thanks" was heard as "Yes, please.", and a yes acts); and a command whose
+noes (``Home.noes``: a yes acts, so one that may have been a no must not); and a command whose
 device name was heard as something else (``Home.renamings``: "Set the memory light 50" for the bedroom light). A
 name chosen so is a guess: the grounding asks back before anything is done (``Home.hear``).
 """
