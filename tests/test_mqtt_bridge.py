@@ -358,7 +358,8 @@ async def test_state_topics_are_followed_and_shown_to_the_model_with_a_state_que
                 await home.publish("specvoice/ask", json.dumps({"text": "Is the garage door open?"}))
                 await home.wait_for("specvoice/answer", since=mark, timeout=120)
                 asked = [m["content"] for m in bridge.commands.speaker.history if m["role"] == "user"]
-                assert asked == ["Is the garage door open?\n(state now: garage door = open; so the answer is yes)"]
+                said = "Yes, the garage door is open."  # the answer the state gives (voice/dialog/state_reply.py)
+                assert asked == [f"Is the garage door open?\n(state now: garage door = open; the answer: {said})"]
                 assert home.texts("home/garage/door/set", mark) == []  # a question never acts
                 await home.publish("home/garage/door/state", "", retain=True)  # clear the retained state
     finally:
