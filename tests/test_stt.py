@@ -426,9 +426,31 @@ async def test_a_yes_the_audio_fits_about_as_well_as_a_no_is_taken_as_the_no(stt
     stream.add(np.concatenate([espeak("No, leave it."), silence(300)]))
     chosen = await rehear(home, "Yes, please.", asked, stream)
     assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    stream = stt.stream()  # a no said with another polite word than the answers are sampled with
+    stream.add(np.concatenate([espeak("No, thanks."), silence(300)]))
+    chosen = await rehear(home, "Yes, please.", asked, stream)
+    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("Yes, please."), silence(300)]))
     heard = await stream.final()
     assert home.grammar.answer(heard, ["ON", "OFF"]) == Answer(True), heard
     assert await rehear(home, heard, asked, stream) == heard  # the audio fits its yes far better than any no
     assert await rehear(home, heard, [], stream) == heard  # no question back: nothing to weigh
+
+
+async def test_a_value_the_audio_fits_about_as_well_as_another_value_does_nothing(stt):
+    """A value answering a question back acts too: words heard as one value ("Turn it on.") on audio that said
+    the other ("Turn it off.") are weighed against the answers naming the device's other values, not only the
+    noes, and taken as a no, so nothing is done; a value really said keeps its words."""
+    home, asked = _home(), [{"role": "assistant", "content": "Do you want the bedroom lamp on?"}]
+    noes, others = home.rivals("Turn it on.", asked)
+    assert noes and "Turn it off." in others and not any(" on" in other for other in others)
+    stream = stt.stream()
+    stream.add(np.concatenate([espeak("Turn it off."), silence(300)]))
+    chosen = await rehear(home, "Turn it on.", asked, stream)
+    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    stream = stt.stream()
+    stream.add(np.concatenate([piper("Turn it on, please."), silence(300)]))
+    heard = await stream.final()
+    assert home.grammar.answer(heard, ["ON", "OFF"]) == Answer(True, "ON"), heard
+    assert await rehear(home, heard, asked, stream) == heard  # the audio fits its own value far better

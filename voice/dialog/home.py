@@ -34,6 +34,7 @@ from voice.dialog.sentence_data import device_class
 from voice.dialog.state_reply import is_or_are, listed, state_reply, state_said, yes_or_no
 from voice.dialog.understanding import (
     NO,
+    VALUE,
     Act,
     AskState,
     CannotDo,
@@ -219,17 +220,22 @@ class Home:
             return []
         return self.grammar.sample_answers(payloads)
 
-    def noes(self, heard: str, history: Sequence[dict] = ()) -> list[str]:
-        """The answers that say no to the last question back, for the recogniser to weigh a heard yes against: a
-        yes the audio fits hardly better than a no is taken as the no (a yes acts; a no does nothing). [] when the
-        words are no yes to a question back."""
+    def rivals(self, heard: str, history: Sequence[dict] = ()) -> tuple[list[str], list[str]]:
+        """What else an acting answer to the last question back may have been, for the recogniser to weigh it
+        against: the answers that say no, and for a value ("lock it") the answers naming the device's other
+        values ("unlock it"). An acting answer the audio fits hardly better than one of them is taken as a no: a
+        yes or a value acts, a no does nothing. ([], []) when the words are no acting answer to a question back."""
         if (asked := self.asked_back(history)) is None:
-            return []
+            return [], []
         payloads = asked[0][0].payloads
         answer = self.grammar.answer(heard, payloads)
         if answer is None or not answer.yes or _certain(self.grammar.read(heard)):
-            return []
-        return self.grammar.sample_answers(payloads, intents=(NO,))
+            return [], []
+        noes = self.grammar.sample_answers(payloads, intents=(NO,), every_polite=True)
+        if answer.value is None:
+            return noes, []
+        others = [p for p in payloads if p != answer.value]
+        return noes, self.grammar.sample_answers(others, intents=(VALUE,), every_polite=True)
 
     def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
         """Spoken words that match nothing, said with a span as a device's name (``said_as``) where that makes a

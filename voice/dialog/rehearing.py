@@ -3,10 +3,11 @@ those against the utterance's audio (teacher-forced, ``Transcription.fits``), as
 that the audio fits about as well as Whisper's own words replaces them.
 
 Three such places, all only for speech: an answer to a question back (``Home.answers``: tiny.en heard "Turn it
-on, please." as "Tommy tongue, please." in one voice every time); a yes to a question back, weighed against the
-noes (``Home.noes``: a yes acts, so one that may have been a no must not); and a command whose
-device name was heard as something else (``Home.renamings``: "Set the memory light 50" for the bedroom light). A
-name chosen so is a guess: the grounding asks back before anything is done (``Home.hear``).
+on, please." as "Tommy tongue, please." in one voice every time); a yes or a value answering a question back,
+weighed against the noes and the other values (``Home.rivals``: such an answer acts, so one that may have been
+something else must not); and a command whose device name was heard as something else (``Home.renamings``: "Set
+the memory light 50" for the bedroom light). A name chosen so is a guess: the grounding asks back before anything
+is done (``Home.hear``).
 """
 
 from __future__ import annotations
@@ -29,9 +30,10 @@ ANSWER_MARGIN = 1.5
 # that named no device: 16 of the 21 commands no spelling guessed got their own device, none another, and 4 of 120
 # other utterances got a guess (asked back, never done: mostly state questions heard without their question word).
 NAME_MARGIN, NAME_APART = 1.0, 0.5
-# A heard yes is taken for a no when the audio fits a no answer at most this far under the words heard: below the
-# closest that a yes really said came to a no (docs/benchmarks.md, "A yes the audio cannot tell from a no").
-YES_MARGIN = 0.75
+# A heard yes or value is taken for a no when the audio fits a no, or another value, at most this far under the
+# words heard: between the acting answers really said and the misheard ones of the tuning half of the answers
+# (docs/benchmarks.md, "A yes the audio cannot tell from a no").
+DOUBT_MARGIN = 0.5
 
 
 async def rehear(home: Home | None, text: str, history: Sequence[dict], transcription: Transcription) -> str:
@@ -39,12 +41,14 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
     back, or the words with the device they name guessed (``guessed_as``)."""
     if home is None or not text:
         return text
-    if noes := home.noes(text, history):
-        scores = await transcription.fits([text, *noes])
-        if not scores or max(scores[1:]) < scores[0] - YES_MARGIN:
+    noes, others = home.rivals(text, history)
+    if noes:
+        scores = await transcription.fits([text, *noes, *others])
+        if not scores or max(scores[1:]) < scores[0] - DOUBT_MARGIN:
             return text
-        said = noes[scores[1:].index(max(scores[1:]))]
-        log.info("a yes the audio fits about as well as a no: taken as no", extra={"text": text, "no": said})
+        no_scores = scores[1 : 1 + len(noes)]
+        said = noes[no_scores.index(max(no_scores))]
+        log.info("an answer the audio fits about as well as another: taken as no", extra={"text": text, "no": said})
         return said
     if expected := home.answers(text, history):
         scores = await transcription.fits([text, *expected])

@@ -375,13 +375,19 @@ class HomeGrammar:
         return found
 
     def sample_answers(
-        self, values: Sequence[str], limit: int = 60, intents: Sequence[str] = (YES, NO, VALUE)
+        self,
+        values: Sequence[str],
+        limit: int = 60,
+        intents: Sequence[str] = (YES, NO, VALUE),
+        every_polite: bool = False,
     ) -> list[str]:
         """Sentences of the answer grammar (of the answer ``intents``: YES, NO, VALUE) for a question back offering
         ``values``: each answer template at its shortest (its optional words left out, each rule its most common
         word), alone and with the polite word after it ("Turn it on.", "Turn it on, please."): what the recogniser
         scores against the audio when the words it heard answer nothing, or to weigh a yes against the noes
-        (voice/dialog/rehearing.py)."""
+        (voice/dialog/rehearing.py). ``every_polite``: with each short polite word of the grammar instead ("No,
+        thanks.", "No, thank you."): a no is weighed against a heard yes, and a yes must not win only because
+        the no it was weighed against was said with another polite word."""
         data = language_data(self.language)
         rules = {name: parse_sentence(rule) for name, rule in data.get("sample_rules", {}).items()}
         slots = {**self._slots, "value": self._value_slot(values, forms=1)}
@@ -392,9 +398,19 @@ class HomeGrammar:
             for sentence in intent_data.sentences
             for said in sample_sentence(sentence, slots, rules, self.language, skip_optionals=True)
         ]
-        polite = str(data.get("sample_rules", {}).get("polite", "")).strip("()").split("|")[0]
-        found = dict.fromkeys(f"{s.capitalize()}{end}" for s in shortest if s for end in (".", f", {polite}."))
+        endings = [".", *(f", {word}." for word in self._polite_words(every_polite))]
+        found = dict.fromkeys(f"{s.capitalize()}{end}" for s in shortest if s for end in endings)
         return list(found)[:limit]
+
+    def _polite_words(self, every: bool) -> list[str]:
+        """The polite word the answers are sampled with (the sample rules'), or every short one of the grammar's
+        polite rule (at most two words: "thank you", not "if you could")."""
+        data = language_data(self.language)
+        if not every:
+            return [str(data.get("sample_rules", {}).get("polite", "")).strip("()").split("|")[0]]
+        rule = parse_sentence(str(data["expansion_rules"]["polite"]))
+        said = sample_sentence(rule, {}, {}, self.language)
+        return [w for w in dict.fromkeys(" ".join(s.split()) for s in said) if 0 < len(w.split()) <= 2]
 
     def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
         """The values as an answer may say them: their forms (``value_forms``) and, whole, the sentence data's
