@@ -26,6 +26,7 @@ from voice.hearing.whisper_faults import (
     ran_on,
 )
 from voice.models import ModelError, resolve
+from voice.speechset import voices
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
 
@@ -429,6 +430,10 @@ async def test_a_yes_the_audio_fits_about_as_well_as_a_no_is_taken_as_the_no(stt
     stream = stt.stream()  # a no said with another polite word than the answers are sampled with
     stream.add(np.concatenate([espeak("No, thanks."), silence(300)]))
     chosen = await rehear(home, "Yes, please.", asked, stream)
+    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    stream = stt.stream()  # words that answer nothing, chosen as an answer: weighed against the noes too
+    stream.add(np.concatenate([voices("espeak-caribbean")[0].speak("no thanks"), silence(300)]))
+    chosen = await rehear(home, "Low bags.", asked, stream)  # as the listener heard it in this voice
     assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("Yes, please."), silence(300)]))

@@ -41,15 +41,6 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
     back, or the words with the device they name guessed (``guessed_as``)."""
     if home is None or not text:
         return text
-    noes, others = home.rivals(text, history)
-    if noes:
-        scores = await transcription.fits([text, *noes, *others])
-        if not scores or max(scores[1:]) < scores[0] - DOUBT_MARGIN:
-            return text
-        no_scores = scores[1 : 1 + len(noes)]
-        said = noes[no_scores.index(max(no_scores))]
-        log.info("an answer the audio fits about as well as another: taken as no", extra={"text": text, "no": said})
-        return said
     if expected := home.answers(text, history):
         scores = await transcription.fits([text, *expected])
         if not scores:
@@ -57,7 +48,12 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
         own, fits = scores[0], scores[1:]
         best = fits.index(max(fits))
         log.debug("answers scored", extra={"text": text, "own": own, "best": expected[best]})
-        return expected[best] if fits[best] >= own - ANSWER_MARGIN else text
+        if fits[best] < own - ANSWER_MARGIN:
+            return text
+        text = expected[best]  # an answer chosen so is weighed against its rivals too, as one heard
+    noes, others = home.rivals(text, history)
+    if noes:
+        return await _undoubted(text, noes, others, transcription)
     if not (renamed := home.renamings(text, history)):
         return text
     scores = await transcription.fits([text, *renamed])
@@ -73,3 +69,15 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
     if score < scores[0] - NAME_MARGIN or apart < NAME_APART:
         return text
     return guessed_as(text, next(d for d in renamed.values() if d.name == name))
+
+
+async def _undoubted(text: str, noes: list[str], others: list[str], transcription: Transcription) -> str:
+    """``text``, an answer that acts, or the no answer that fits the audio best when a no or another value fits
+    it about as well (``DOUBT_MARGIN``)."""
+    scores = await transcription.fits([text, *noes, *others])
+    if not scores or max(scores[1:]) < scores[0] - DOUBT_MARGIN:
+        return text
+    no_scores = scores[1 : 1 + len(noes)]
+    said = noes[no_scores.index(max(no_scores))]
+    log.info("an answer the audio fits about as well as another: taken as no", extra={"text": text, "no": said})
+    return said
