@@ -166,3 +166,6 @@ class AudioConfig(_Section):
     )
     echo: Literal["off", "gate", "cancel"] = "cancel"
     echo_filter_ms: int = Field(200, ge=20, le=1000, description="longest speaker-to-mic delay the canceller covers")
+    noise_suppression: bool = Field(
+        False, description="WebRTC's noise suppressor after the echo canceller, before the VAD and the recogniser"
+    )

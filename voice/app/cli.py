@@ -26,6 +26,7 @@ COMMANDS = {
     "bench frontend": "voice.bench.frontend:main",
     "bench home": "voice.bench.home:main",
     "bench backchannel": "voice.bench.backchannel:main",
+    "bench rooms": "voice.bench.room_hearing:main",
 }
 
 
@@ -74,7 +75,7 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)", add_help=False
     )  # --help goes on to the benchmark's own parser
     bench.add_argument(
-        "what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel"]
+        "what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel", "rooms"]
     )
     return p
 
@@ -191,7 +192,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
         print(
-            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel} [flags]   "
+            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel,rooms} [flags]   "
             "(`specvoice bench llm --help`: its flags)",
             file=sys.stdout if asked else sys.stderr,
         )

@@ -68,6 +68,7 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
                         "final_done": time.monotonic(),
                         "partials": partials,
                         "final_decoded": bool(u.stream.final_decoded),
+                        "file_start": source.start_t,  # the audio clock of the file's first sample
                     }
                 )
                 partials = 0

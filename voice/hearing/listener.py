@@ -41,8 +41,10 @@ from audio.echo import DOUBLE_TALK_THRESHOLD
 from audio.end_of_turn import TRANSCRIPT_PROMPT, TurnAction, transcript_unfinished
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.vad import Vad, VadEvent
+from audio.webrtc import WebRtcAudio
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
-from voice.hearing.endpointing import SemanticEnd, TurnModel, turn_settings
+from voice.hearing.endpointing import SemanticEnd
+from voice.hearing.parts import LOAD_TURN_MODEL, listener_parts
 from voice.ports import SpeechRecognizer, Transcription
 from voice.tasks import start
 
@@ -54,13 +56,11 @@ WAKE_WINDOW_S = 5.0  # after the wake word, speech starting within this many sec
 # (their voice began over our echo, or the gate was still learning the room), with up to this much audio before.
 LATE_START_S = 0.6
 PAUSE_PASS_S = 0.12  # silence inside speech after which a partial pass starts at once (a possible end of turn)
-SAFETY_SILENCE_MS = 500  # semantic end: the VAD still ends a turn this long after turn.max_silence_ms, as a backstop
 # Whisper's prompt for short speech during a reply, mostly "mhm", "yeah" or a laugh (under the pause prompt a hum
 # came out as "Add eggs and..."). No stop words: with "Stop. Wait." a laugh was "Stop, stop, stop.". Not longer
 # speech (pre-roll and pause included): in this style "No, I meant the other one" came out as "Mm-hmm.".
 HELD_PROMPT = "Mm-hmm. Yeah. Okay. Uh-huh. I see. Ha ha."
 HELD_PROMPT_MAX_S = 1.5
-_LOAD = object()  # from_config: load the turn model named by the config
 
 
 @dataclass
@@ -123,6 +123,7 @@ class Listener:
         wake=None,
         echo=None,
         turn: SemanticEnd | None = None,
+        denoise: tuple[WebRtcAudio, WebRtcAudio] | None = None,
     ) -> None:
         self.stt = stt
         self.vad = vad  # None: no endpointing, the caller ends utterances with finish()
@@ -132,6 +133,7 @@ class Listener:
         self.max_utterance_s = max_utterance_s
         self.wake = wake  # audio.wakeword.WakeWord or None
         self.echo = echo  # audio.echo.EchoSuppressor or None
+        self.denoise = denoise  # WebRTC noise suppression for what the VAD hears and what Whisper hears, or None
         self.replying = False  # set by the session: speech now is a barge-in (no wake word needed, echo gate on)
         self._stream: Transcription | None = None
         self._start_t = 0.0
@@ -157,51 +159,22 @@ class Listener:
         endpointing: bool = True,
         vad_path: str | None = None,
         wake_dir: str | None = None,
-        turn_model: Any = _LOAD,
+        turn_model: Any = LOAD_TURN_MODEL,
     ) -> Listener:
-        """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word
-        and echo canceller. Model paths are resolved here unless the caller already did (the Assistant).
-        ``turn_model``: the loaded Smart Turn (``TurnModel``), None for the VAD rule; by default it is loaded
-        here when ``turn.engine = "smart"``."""
-        vad = wake = echo = turn = None
-        if endpointing:
-            from voice.models import resolve
-
-            v, m = config.vad, config.models
-            if turn_model is _LOAD:
-                turn_model = TurnModel.load(config)
-            if isinstance(turn_model, TurnModel):
-                turn = SemanticEnd(turn_settings(config), turn_model)
-            end_silence = v.end_silence_ms if turn is None else config.turn.max_silence_ms + SAFETY_SILENCE_MS
-            if v.engine == "silero" and vad_path is None:
-                vad_path = str(resolve(m.vad, "vad", m.cache_dir).path)
-            vad = Vad(
-                vad_path or None,
-                engine=v.engine,
-                threshold=v.threshold,
-                min_speech_ms=v.min_speech_ms,
-                end_silence_ms=end_silence,
-                preroll_ms=v.preroll_ms,
-                sample_rate=SPEECH_RATE,
-            )
-            if m.wake_word:
-                from audio.wakeword import WakeWord
-
-                if wake_dir is None:
-                    wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path)
-                wake = WakeWord(m.wake_word, wake_dir)
-            if config.audio.echo != "off":
-                from audio.echo import EchoSuppressor
-
-                echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
+        """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word,
+        echo canceller and noise suppressor (``voice.hearing.parts``). Model paths are resolved there unless the
+        caller already did (the Assistant). ``turn_model``: the loaded Smart Turn (``TurnModel``), None for the VAD
+        rule; by default it is loaded when ``turn.engine = "smart"``."""
+        parts = listener_parts(config, endpointing, vad_path, wake_dir, turn_model)
         return cls(
             stt,
-            vad,
+            parts.vad,
             partial_interval_s=config.stt.partial_interval_ms / 1000.0,
             max_utterance_s=config.server.max_turn_audio_s,
-            wake=wake,
-            echo=echo,
-            turn=turn,
+            wake=parts.wake,
+            echo=parts.echo,
+            turn=parts.turn,
+            denoise=parts.denoise,
         )
 
     @property
@@ -253,6 +226,9 @@ class Listener:
         if self.echo is not None:  # always in the path, so its constant buffering delay never jumps
             samples, heard = self.echo.process(samples, reference), self.echo.linear
             t -= self.echo.delay_samples / SPEECH_RATE
+        if self.denoise is not None:  # after the echo canceller, whose echo path must stay linear
+            samples, heard = self.denoise[0].process(samples), self.denoise[1].process(heard)
+            t -= self.denoise[0].delay_samples / SPEECH_RATE
         chunk = AudioChunk(samples, SPEECH_RATE, t)
         events: list[ListenEvent] = self._collect_pass()
         if self.vad is None:

@@ -1,0 +1,68 @@
+"""The parts of a Listener as the config describes them: the VAD, the semantic end of turn, the wake word, the
+echo canceller and the noise suppressor (voice.hearing.listener puts them together)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from audio.echo import EchoSuppressor
+from audio.frames import SPEECH_RATE
+from audio.vad import Vad
+from audio.wakeword import WakeWord
+from audio.webrtc import WebRtcAudio
+from voice.hearing.endpointing import SemanticEnd, TurnModel, turn_settings
+
+SAFETY_SILENCE_MS = 500  # semantic end: the VAD still ends a turn this long after turn.max_silence_ms, as a backstop
+LOAD_TURN_MODEL = object()  # listener_parts: load the turn model named by the config
+
+
+@dataclass(frozen=True)
+class ListenerParts:
+    vad: Vad | None = None
+    turn: SemanticEnd | None = None
+    wake: WakeWord | None = None
+    echo: EchoSuppressor | None = None
+    denoise: tuple[WebRtcAudio, WebRtcAudio] | None = None  # for what the VAD hears, and what Whisper hears
+
+
+def listener_parts(
+    config: Any,
+    endpointing: bool = True,
+    vad_path: str | None = None,
+    wake_dir: str | None = None,
+    turn_model: Any = LOAD_TURN_MODEL,
+) -> ListenerParts:
+    """The parts ``config`` asks for; without ``endpointing`` none but the noise suppressor (the caller ends
+    utterances itself). Model paths are resolved here unless given."""
+    # the echo canceller gives two signals (its cleaned output and its linear output): each gets its own suppressor
+    denoise = (WebRtcAudio(noise=True), WebRtcAudio(noise=True)) if config.audio.noise_suppression else None
+    if not endpointing:
+        return ListenerParts(denoise=denoise)
+    from voice.models import resolve
+
+    v, m = config.vad, config.models
+    if turn_model is LOAD_TURN_MODEL:
+        turn_model = TurnModel.load(config)
+    turn = SemanticEnd(turn_settings(config), turn_model) if isinstance(turn_model, TurnModel) else None
+    end_silence = v.end_silence_ms if turn is None else config.turn.max_silence_ms + SAFETY_SILENCE_MS
+    if v.engine == "silero" and vad_path is None:
+        vad_path = str(resolve(m.vad, "vad", m.cache_dir).path)
+    vad = Vad(
+        vad_path or None,
+        engine=v.engine,
+        threshold=v.threshold,
+        min_speech_ms=v.min_speech_ms,
+        end_silence_ms=end_silence,
+        preroll_ms=v.preroll_ms,
+        sample_rate=SPEECH_RATE,
+    )
+    wake = None
+    if m.wake_word:
+        if wake_dir is None:
+            wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path)
+        wake = WakeWord(m.wake_word, wake_dir)
+    echo = None
+    if config.audio.echo != "off":
+        echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
+    return ListenerParts(vad=vad, turn=turn, wake=wake, echo=echo, denoise=denoise)
