@@ -13,7 +13,7 @@ import numpy as np
 
 from audio.frames import SPEECH_RATE
 
-FRAME = SPEECH_RATE // 100  # WebRTC's processing frame: 10 ms
+FRAME = SPEECH_RATE // 100  # WebRTC processes a hundredth of a second at a time
 
 
 class WebRtcAudio:

@@ -143,6 +143,7 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ('[dialog]\nbackchannels = "sometimes"\n', "dialog.backchannels"),
         ("[dialog]\nbackchannel_hold_s = 0\n", "dialog.backchannel_hold_s"),
         ('[mqtt]\naction_format = "json"\n', "mqtt.action_format"),
+        ('[audio]\nnoise_suppression = "loud"\n', "audio.noise_suppression"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):

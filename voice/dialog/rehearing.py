@@ -2,12 +2,12 @@
 those against the utterance's audio (teacher-forced, ``Transcription.fits``), as a closed grammar would, and one
 that the audio fits about as well as Whisper's own words replaces them.
 
-Three such places, all only for speech: an answer to a question back (``Home.answers``: tiny.en heard "Turn it
-on, please." as "Tommy tongue, please." in one voice every time); a yes or a value answering a question back,
-weighed against the noes and the other values (``Home.rivals``: such an answer acts, so one that may have been
-something else must not); and a command whose device name was heard as something else (``Home.renamings``: "Set
-the memory light 50" for the bedroom light). A name chosen so is a guess: the grounding asks back before anything
-is done (``Home.hear``).
+Three such places, all only for speech: an answer to a question back that the words heard do not read as one
+(``Home.answers``: a short answer in an accent Whisper knows little is often heard as other words); a yes or a
+value answering a question back, weighed against the noes and the other values (``Home.rivals``: such an answer
+acts, so one that may have been something else must not); and a command whose device name was heard as other
+words (``Home.renamings``). A name chosen so is a guess: the grounding asks back before anything is done
+(``Home.hear``).
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ ANSWER_MARGIN = 1.5
 # other utterances got a guess (asked back, never done: mostly state questions heard without their question word).
 NAME_MARGIN, NAME_APART = 1.0, 0.5
 # A heard yes or value is taken for a no when the audio fits a no, or another value, at most this far under the
-# words heard: between the acting answers really said and the misheard ones of the tuning half of the answers
-# (docs/benchmarks.md, "A yes the audio cannot tell from a no").
+# words heard: set on the tuning half of the case file's answers so that answers really said keep their words
+# (docs/benchmarks.md, "A value the audio cannot tell from another").
 DOUBT_MARGIN = 0.5
 
 
