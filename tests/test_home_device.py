@@ -132,6 +132,7 @@ class Device:
             "audio.input_device=pulse",
             "audio.output_device=pulse",
             "audio.latency=0.25",
+            "models.wake_word=",  # the default wake word only where a test is about it (wake_device)
             *settings,
         ]
         self.proc = subprocess.Popen(

@@ -114,6 +114,10 @@ def test_a_command_the_model_proposes_when_nothing_matched_is_asked_back(tmp_pat
     for answer in ["no", "nah, leave it", "never mind", "no thanks"]:
         assert isinstance(home.understand(answer, history), Declined), answer
         assert home.grounding(answer, history)(BEDROOM, "ON") is not None, answer
+    for answer in ["Okay, go home then.", "what's the weather like?"]:  # words that answer nothing
+        understood = home.understand(answer, history)
+        assert isinstance(understood, Declined) and not understood.said_no, answer
+        assert home.grounding(answer, history)(BEDROOM, "ON") is not None, answer
     assert commands(home, "turn it off", history) == (True, {(BEDROOM, "OFF")})  # another of its values
     assert commands(home, "open the garage door", history) == (True, {(GARAGE, "OPEN")})  # a command of its own
     assert home.annotate("yes", history) == "yes (the bedroom lamp on)"
@@ -174,7 +178,7 @@ def test_after_a_question_back_the_recogniser_may_choose_among_answers_the_gramm
     answers = home.answers("Tommy tongue, please.", history)
     assert any(a.startswith("Yes") for a in answers) and "On." in answers and "No." in answers
     for answer in answers:  # every one of them reads as an answer
-        assert home.grammar.answer(answer, ["ON", "OFF"]) is not None, answer
+        assert home.grammar.answers.read(answer, ["ON", "OFF"]) is not None, answer
     assert home.answers("Yes.", history) == [] and home.answers("Tommy tongue.", []) == []
 
 
@@ -378,3 +382,15 @@ def test_devices_chosen_by_kind_and_place_each_get_the_command_once(said, expect
 def test_questions_and_statements_about_kinds_and_places_never_act(said):
     understood = _house().understand(said)
     assert not (isinstance(understood, Act) and understood.certain), understood
+
+
+def test_a_question_back_left_without_a_yes_opens_the_reply_by_saying_so(tmp_path):
+    """Left to itself the model has answered an unreadable answer with "Done." although nothing was done: the reply
+    to a no, or to words that answer nothing, opens with what was left as it is."""
+    home = load(tmp_path)
+    history = [{"role": "assistant", "content": "Do you want the bedroom lamp on?"}]
+    assert marker_choices(home, "No, thanks.", history) == ([], ["Okay, I left the bedroom lamp as it is."])
+    assert marker_choices(home, "Okay, go home then.", history) == ([], ["I left the bedroom lamp as it is."])
+    assert "this answers nothing you asked; nothing was changed" in home.annotate("Okay, go home then.", history)
+    assert marker_choices(home, "Yes, please.", history)[1] == [f"[ACTION {BEDROOM} ON]"]
+    assert marker_choices(home, "Okay, go home then.")[1] == []  # no question back: the model answers freely

@@ -16,8 +16,9 @@ import pytest
 
 from audio.frames import SPEECH_RATE
 from voice.events import TranscriptPartial
-from voice.hearing.listener import Listener, UtteranceEnded
+from voice.hearing.listener import Listener
 from voice.hearing.stt import SpeechToText
+from voice.hearing.utterance import UtteranceEnded
 from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
 

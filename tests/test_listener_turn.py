@@ -20,8 +20,9 @@ from audio.end_of_turn import TRANSCRIPT_PROMPT
 from audio.frames import SPEECH_RATE
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted
 from voice.hearing.endpointing import TurnModel
-from voice.hearing.listener import HELD_PROMPT, Listener, UtteranceEnded
+from voice.hearing.listener import HELD_PROMPT, Listener
 from voice.hearing.stt import SpeechToText, StreamingTranscription
+from voice.hearing.utterance import UtteranceEnded
 from voice.models import resolve
 from voice.speechset import Voice, normalize_words, wer
 

@@ -12,8 +12,9 @@ from audio.frames import SPEECH_RATE
 from audio.room import ROOMS, mix, power
 from audio.webrtc import WebRtcAudio
 from voice.hearing.endpointing import TurnModel
-from voice.hearing.listener import Listener, UtteranceEnded
+from voice.hearing.listener import Listener
 from voice.hearing.stt import SpeechToText
+from voice.hearing.utterance import UtteranceEnded
 from voice.models import resolve
 from voice.roomset import HOLDOUT, Condition, parse
 from voice.speechset import TURN_LEAD_S, TURN_TAIL_S, Utterance, Voice, noise, wer

@@ -9,10 +9,11 @@ import pytest
 from audio.end_of_turn import TRANSCRIPT_PROMPT
 from voice.config import STTConfig, load_config, stt_hotwords
 from voice.config_servers import HomeDeviceConfig, MQTTConfig
+from voice.dialog.answers import Answer
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home import Home
 from voice.dialog.rehearing import rehear
-from voice.dialog.understanding import Act, Answer
+from voice.dialog.understanding import Act
 from voice.hearing.stt import SpeechToText
 from voice.hearing.whisper_faults import (
     Word,
@@ -279,6 +280,15 @@ async def test_long_utterance_is_trimmed_at_sentence_ends_and_stays_whole(stt):
     assert wer(" ".join(sentences), final) <= 0.1
 
 
+async def test_a_prompted_pass_over_a_minute_that_committed_nothing_fits_whisper_s_decoder(stt):
+    """A turn whose passes never ran (a listener fed faster than they decode) reaches its first pass with a
+    minute of audio: the tokens it may write and its prompt must fit Whisper's 448 together."""
+    speech = np.concatenate([np.concatenate([espeak(s), silence(300)]) for s in SENTENCES])
+    audio = np.resize(speech, 60 * 16000)
+    words = await stt.run_decode(audio.astype(np.float32) / 32768.0, " ".join(["the kitchen light is on"] * 8))
+    assert words, "a minute of speech gives words"
+
+
 def test_language_must_suit_an_english_only_model(small_config):
     settings = STTConfig(**{**small_config.stt.model_dump(), "language": "de"})
     with pytest.raises(ModelError, match="English-only.*stt.language = 'en'"):
@@ -388,7 +398,7 @@ async def test_an_expected_answer_is_chosen_only_when_the_audio_fits_it_about_as
     stream.add(np.concatenate([espeak("Turn it off, please."), silence(300)]))
     # words a voice might be heard as: the audio fits an answer of the answer grammar that says off far better
     chosen = await rehear(home, "Tommy tough, please.", asked, stream)
-    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(True, "OFF"), chosen
+    assert home.grammar.answers.read(chosen, ["ON", "OFF"]) == Answer(True, "OFF"), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("What time is it?"), silence(300)]))
     text = await stream.final()
@@ -426,19 +436,19 @@ async def test_a_yes_the_audio_fits_about_as_well_as_a_no_is_taken_as_the_no(stt
     stream = stt.stream()
     stream.add(np.concatenate([espeak("No, leave it."), silence(300)]))
     chosen = await rehear(home, "Yes, please.", asked, stream)
-    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    assert home.grammar.answers.read(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()  # a no said with another polite word than the answers are sampled with
     stream.add(np.concatenate([espeak("No, thanks."), silence(300)]))
     chosen = await rehear(home, "Yes, please.", asked, stream)
-    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    assert home.grammar.answers.read(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()  # words that answer nothing, chosen as an answer: weighed against the noes too
     stream.add(np.concatenate([voices("espeak-caribbean")[0].speak("no thanks"), silence(300)]))
     chosen = await rehear(home, "Low bags.", asked, stream)  # as the listener heard it in this voice
-    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    assert home.grammar.answers.read(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("Yes, please."), silence(300)]))
     heard = await stream.final()
-    assert home.grammar.answer(heard, ["ON", "OFF"]) == Answer(True), heard
+    assert home.grammar.answers.read(heard, ["ON", "OFF"]) == Answer(True), heard
     assert await rehear(home, heard, asked, stream) == heard  # the audio fits its yes far better than any no
     assert await rehear(home, heard, [], stream) == heard  # no question back: nothing to weigh
 
@@ -453,9 +463,9 @@ async def test_a_value_the_audio_fits_about_as_well_as_another_value_does_nothin
     stream = stt.stream()
     stream.add(np.concatenate([espeak("Turn it off."), silence(300)]))
     chosen = await rehear(home, "Turn it on.", asked, stream)
-    assert home.grammar.answer(chosen, ["ON", "OFF"]) == Answer(False), chosen
+    assert home.grammar.answers.read(chosen, ["ON", "OFF"]) == Answer(False), chosen
     stream = stt.stream()
     stream.add(np.concatenate([piper("Turn it on, please."), silence(300)]))
     heard = await stream.final()
-    assert home.grammar.answer(heard, ["ON", "OFF"]) == Answer(True, "ON"), heard
+    assert home.grammar.answers.read(heard, ["ON", "OFF"]) == Answer(True, "ON"), heard
     assert await rehear(home, heard, asked, stream) == heard  # the audio fits its own value far better

@@ -26,6 +26,8 @@ from voice.dialog.session import Session
 from voice.events import Event, EventHandler
 from voice.hearing.endpointing import TurnModel
 from voice.hearing.listener import Listener
+from voice.hearing.parts import wake_word
+from voice.hearing.wake import WakePhrase
 from voice.latency import LatencyStats
 from voice.memory import Trimmer
 from voice.ports import AudioSink, ChatEngine, SpeechRecognizer, SpeechSynthesizer
@@ -131,7 +133,7 @@ class Assistant:
         name: str = "",
         endpointing: bool = True,
     ) -> Session:
-        session = Session(self, on_event, sink=sink, name=name, endpointing=endpointing)
+        session = Session(self, on_event, sink=sink, name=name, endpointing=endpointing, on_close=self.forget)
         self._sessions.add(session)
         return session
 
@@ -147,15 +149,27 @@ class Assistant:
         return DecodeSettings.from_config({**self.config.llm.model_dump(), **overrides})
 
     def listener(self, *, endpointing: bool = True) -> Listener:
-        """A new Listener on the shared STT model, with its own VAD, wake word and echo canceller."""
+        """A new Listener on the shared STT model, with its own VAD and echo canceller."""
         return Listener.from_config(
             self.config,
             self.stt,
             endpointing=endpointing,
             vad_path=self.vad_path,
-            wake_dir=self.wake_dir,
             turn_model=self.turn_model,
         )
+
+    def wake_word(self) -> WakePhrase | None:
+        """A new wake word (models.wake_word) for the device's own microphone, confirmed by the shared recogniser
+        (voice/hearing/wake.py); None when it is off. Only that session listens for one: a websocket app, a
+        Wyoming satellite or Home Assistant decide themselves when speech is meant for the assistant."""
+        from voice.hearing.stt import SpeechToText
+
+        detector = wake_word(self.config, self.wake_dir) if self.wake_dir is not None else None
+        if detector is None:
+            return None
+        if not isinstance(stt := self.stt, SpeechToText):
+            return WakePhrase(detector, None)  # a recogniser on another machine: no word times to check with
+        return WakePhrase(detector, stt, self.config.stt.partial_beam_size)
 
     @property
     def generation_lock(self) -> asyncio.Lock:

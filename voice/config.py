@@ -56,7 +56,12 @@ class ModelsConfig(_Section):
     stt: str = "whisper-tiny.en"
     tts: str = "piper-joe-medium"
     vad: str = "silero-vad"
-    wake_word: str | None = None
+    wake_word: str | None = Field(
+        "hey_jarvis",
+        description="the wake word of the device's own microphone (`specvoice run`): a turn opens only after it, "
+        "or within audio.follow_up_s after a reply; '' for none (a desktop where speech is always for the "
+        "assistant). Websocket, Wyoming and MQTT clients decide themselves when speech is meant for it",
+    )
     turn: str = Field("smart-turn-v3.2", description="semantic end-of-turn model (used when turn.engine = 'smart')")
     cache_dir: str | None = Field(None, description="default: $XDG_CACHE_HOME/specvoice")
 

@@ -169,3 +169,10 @@ class AudioConfig(_Section):
     noise_suppression: bool = Field(
         False, description="WebRTC's noise suppressor after the echo canceller, before the VAD and the recogniser"
     )
+    follow_up_s: float = Field(
+        5.0,
+        ge=0,
+        le=60,
+        description="after a reply, speech starting this soon opens a turn without the wake word (conversation "
+        "mode: an answer to a question back, a second request); 0: every turn needs the wake word",
+    )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import re
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Literal, cast
 
@@ -26,7 +27,7 @@ import numpy as np
 
 from audio.frames import SPEECH_RATE
 from audio.room import ROOMS, mix, to_int16
-from voice.speechset import Utterance, espeak_utterance, noise, piper_utterance, speech_power
+from voice.speechset import Utterance, Voice, espeak_utterance, noise, piper_utterance, speech_power
 
 NoiseName = Literal["babble", "tv", "fan", "clatter"]
 NOISES: tuple[NoiseName, ...] = ("babble", "tv", "fan", "clatter")
@@ -125,6 +126,16 @@ TUNING: tuple[Condition, ...] = (
 )
 
 
+def chosen(spec: str, holdout: Sequence[Condition] = HOLDOUT, tuning: Sequence[Condition] = TUNING) -> list[Condition]:
+    """The conditions a benchmark's ``--conditions`` names: ``holdout``, ``tuning``, or names separated by commas
+    (``parse``; ValueError for a bad one)."""
+    named = {"holdout": list(holdout), "tuning": list(tuning)}
+    return named.get(spec) or [parse(name.strip()) for name in spec.split(",")]
+
+
+CONDITIONS_HELP = "holdout, tuning, or names separated by commas (clean, living-room-3m, kitchen+fan@10, dry+tv@5...)"
+
+
 def background(kind: NoiseName, n: int, seed: int) -> np.ndarray:
     """``n`` samples of ``kind`` noise (float32, unit RMS), the same for the same seed."""
     if kind == "fan":
@@ -159,7 +170,12 @@ def _babble() -> np.ndarray:
 def _television() -> np.ndarray:
     """A presenter over music: the voice 6 dB above a bed of slow chords with a beat."""
     voice = _unit(_talk([piper_utterance(line, length_scale=1.1) for line in _BACKGROUND_LINES], 0.5))
-    t = np.arange(len(voice)) / SPEECH_RATE
+    return _unit(voice + 0.5 * _music(len(voice)))
+
+
+def _music(n: int) -> np.ndarray:
+    """``n`` samples of slow chords with a soft beat (unit RMS)."""
+    t = np.arange(n) / SPEECH_RATE
     chords = ((220.0, 277.2, 329.6), (196.0, 246.9, 293.7), (174.6, 220.0, 261.6), (196.0, 246.9, 311.1))
     which = (t // 2.0).astype(int) % len(chords)  # a new chord every two seconds
     music = np.zeros_like(t)
@@ -167,7 +183,43 @@ def _television() -> np.ndarray:
         tones = sum(np.sin(2 * np.pi * f * h * t) / h for f in chord for h in (1, 2, 3))
         music += np.where(which == k, tones, 0.0)
     beat = 0.6 + 0.4 * np.exp(-((t % 0.5) / 0.08))  # a soft pulse at 120 beats per minute
-    return _unit(voice + 0.5 * _unit(music * beat))
+    return _unit(music * beat)
+
+
+# The television channel's speakers: the piper voice at three speeds, espeak-ng voices of five accents.
+_CHANNEL_VOICES = (
+    Voice("tv-piper", "piper"),
+    Voice("tv-espeak-gb", "espeak", "en-gb", 165),
+    Voice("tv-piper-slow", "piper", length_scale=1.15),
+    Voice("tv-espeak-us-f3", "espeak", "en-us+f3", 170),
+    Voice("tv-espeak-rp", "espeak", "en-gb-x-rp", 155),
+    Voice("tv-piper-fast", "piper", length_scale=0.9),
+    Voice("tv-espeak-nyc-m2", "espeak", "en-us-nyc+m2", 175),
+    Voice("tv-espeak-caribbean", "espeak", "en-029", 150),
+)
+
+
+@functools.cache
+def television_channel(lines: tuple[str, ...], seconds: float, room: str = "living-room") -> np.ndarray:
+    """``seconds`` of a television across ``room`` (where ``tv`` noise stands), nobody addressing the device:
+    ``lines`` said in turn (again from the first when all are said) by the channel's speakers, 0.3 to 0.9 s
+    apart, over music 10 dB below the voices; as loud at the microphone as its speakers would be a metre away.
+    int16, as the microphone hears it."""
+    rng = np.random.default_rng(11)
+    parts: list[np.ndarray] = []
+    i = 0
+    while sum(len(p) for p in parts) < seconds * SPEECH_RATE:
+        parts.append(_CHANNEL_VOICES[i % len(_CHANNEL_VOICES)].speak(lines[i % len(lines)]))
+        parts.append(np.zeros(int(rng.uniform(0.3, 0.9) * SPEECH_RATE), np.int16))
+        i += 1
+    voices = np.concatenate(parts).astype(np.float32)
+    level = float(np.sqrt(np.mean(np.square(voices, dtype=np.float64))))
+    dry = voices + level * 10 ** (-10 / 20) * _music(len(voices))
+    bearing, distance = _WHERE["tv"]
+    where = ROOMS[room]
+    wet = where.hear(dry, where.place(distance, bearing))
+    wet *= level / float(np.sqrt(np.mean(np.square(wet, dtype=np.float64))))
+    return to_int16(wet[: int(seconds * SPEECH_RATE)])
 
 
 @functools.cache

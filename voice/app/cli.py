@@ -27,6 +27,7 @@ COMMANDS = {
     "bench home": "voice.bench.home:main",
     "bench backchannel": "voice.bench.backchannel:main",
     "bench rooms": "voice.bench.room_hearing:main",
+    "bench wake": "voice.bench.wake:main",
 }
 
 
@@ -75,7 +76,9 @@ def _parser() -> argparse.ArgumentParser:
         "bench", help="benchmarks: print a table, write JSON (`bench llm --help`: its flags)", add_help=False
     )  # --help goes on to the benchmark's own parser
     bench.add_argument(
-        "what", nargs="?", choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel", "rooms"]
+        "what",
+        nargs="?",
+        choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel", "rooms", "wake"],
     )
     return p
 
@@ -192,7 +195,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
         print(
-            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel,rooms} [flags]   "
+            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel,rooms,wake} [flags]   "
             "(`specvoice bench llm --help`: its flags)",
             file=sys.stdout if asked else sys.stderr,
         )

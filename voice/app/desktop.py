@@ -17,7 +17,6 @@ import asyncio
 import contextlib
 import signal
 import sys
-from typing import Any
 
 import numpy as np
 
@@ -81,24 +80,6 @@ class StatusLine:
             self.print(f"action {event.topic} {event.payload}: {outcome}")
 
 
-class WakeWordTap:
-    """Passes the listener's wake word detector through and tells ``on_wake`` when it fires (for Home
-    Assistant's event entity); the listener itself is unchanged."""
-
-    def __init__(self, inner: Any, on_wake) -> None:
-        self.inner, self.on_wake = inner, on_wake
-        self.name = inner.name
-
-    def process(self, chunk) -> bool:
-        fired = bool(self.inner.process(chunk))
-        if fired:
-            self.on_wake(self.name)
-        return fired
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.inner, name)
-
-
 async def _listen(mic: MicSource, sink: SpeakerSink, session) -> None:
     async for chunk in mic:
         duration = len(chunk.samples) / SPEECH_RATE
@@ -121,11 +102,8 @@ def _services(
         bridge = MqttBridge(config, assistant, sink=speaker.lane())
         bridge.sink.on_preempted = bridge.preempted
         bridge.add_local(session)
-        wake = session.listener.wake
-        if wake is not None:
-            session.listener.wake = WakeWordTap(
-                wake, lambda name: bridge.publish_event("wake_word", session=session.id, wake_word=name)
-            )
+        if (wake := session.listener.wake) is not None:
+            wake.on_wake = lambda name: bridge.publish_event("wake_word", session=session.id, wake_word=name)
     if serve_too:  # serve() reports READY and pings the watchdog itself
         from voice.server import serve
 
@@ -156,6 +134,7 @@ async def home(config, serve_too: bool = False) -> int:
     status = StatusLine()
     lane = speaker.lane()
     session = assistant.session(status, sink=lane, name="local")
+    session.listener.wake = assistant.wake_word()  # a device on a shelf must not answer the television
     lane.on_preempted = lambda: assistant.spawn(session.cancel())
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

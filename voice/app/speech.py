@@ -30,8 +30,9 @@ async def transcribe_file(config: Any, path: str) -> list[str]:
     partial transcripts live and a final line per utterance."""
     from audio.sources import WavSource
     from voice.config import stt_hotwords
-    from voice.hearing.listener import Listener, UtteranceEnded
+    from voice.hearing.listener import Listener
     from voice.hearing.stt import SpeechToText
+    from voice.hearing.utterance import UtteranceEnded
 
     stt = SpeechToText(
         resolve(config.models.stt, "stt", config.models.cache_dir),

@@ -33,7 +33,7 @@ from audio.wavfile import write_wav
 from voice.bench import positive
 from voice.bench.speech import hear_file
 from voice.models import resolve
-from voice.roomset import HOLDOUT, TUNING, Condition, parse
+from voice.roomset import CONDITIONS_HELP, Condition, chosen
 from voice.speechset import TURN_TAIL_S, Utterance, complete_turns, normalize_words, wer
 
 FRONT_ENDS = {"raw": False, "denoised": True}  # name -> audio.noise_suppression
@@ -149,11 +149,7 @@ def echo_main(config: Any, out: Path) -> int:
 
 def main(config: Any, args: Any, extra: list[str]) -> int:
     p = argparse.ArgumentParser(prog="specvoice bench rooms")
-    p.add_argument(
-        "--conditions",
-        default="holdout",
-        help="holdout, tuning, or names separated by commas (clean, living-room-3m, kitchen+fan@10, dry+tv@5...)",
-    )
+    p.add_argument("--conditions", default="holdout", help=CONDITIONS_HELP)
     p.add_argument("--voices", type=positive, default=4, help="clean voices of the complete-turn set")
     p.add_argument("--per-voice", type=positive, default=5, help="requests per voice")
     p.add_argument("--front-end", choices=("both", *FRONT_ENDS), default="both")
@@ -163,8 +159,7 @@ def main(config: Any, args: Any, extra: list[str]) -> int:
     if opts.echo:
         return echo_main(config, Path(opts.json))
     try:
-        named = {"holdout": list(HOLDOUT), "tuning": list(TUNING)}
-        conditions = named.get(opts.conditions) or [parse(n.strip()) for n in opts.conditions.split(",")]
+        conditions = chosen(opts.conditions)
     except ValueError as exc:
         print(f"specvoice bench rooms: {exc}")
         return 2

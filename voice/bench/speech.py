@@ -48,7 +48,8 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
     """Play a WAV through the product's Listener (real-time paced blocks, as a microphone delivers them) and
     return each utterance it heard, with its times on the audio clock and when its final transcript was ready."""
     from audio.sources import WavSource
-    from voice.hearing.listener import Listener, UtteranceEnded
+    from voice.hearing.listener import Listener
+    from voice.hearing.utterance import UtteranceEnded
 
     listener = Listener.from_config(config, stt)
     source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 300)

@@ -23,7 +23,7 @@ import re
 from dataclasses import dataclass, field
 
 from voice.dialog.turn import Turn
-from voice.hearing.listener import Utterance, UtteranceEnded
+from voice.hearing.utterance import Utterance, UtteranceEnded
 
 # Acknowledgements, in the words Whisper writes them; multi-word ones are matched as phrases.
 BACKCHANNELS: frozenset[str] = frozenset(

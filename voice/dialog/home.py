@@ -5,7 +5,8 @@ What the user's words ask is read by Home Assistant's matcher over Home Assistan
 - a strict match opens the reply with its commands (the model then confirms them in a few words);
 - a guess (a match after dropping words at the ends, or a device name that only sounds like the one heard) and any
   command the model proposes when nothing matched are asked back ("Do you want the reading light on?"); the answer
-  ("yes", "switch it on", "no") is read by the same matcher (our answer sentences, voice/dialog/sentences/);
+  ("yes", "switch it on", "no") is read by the same matcher (our answer sentences, voice/dialog/sentences/); a no,
+  or words that answer nothing, leave the device as it is, and the reply says so;
 - a question about state, a request for a later time, a value a device cannot take never act.
 
 The system prompt (``prompt``) depends on the devices only, never on their state: it is the cached prefix of
@@ -28,13 +29,12 @@ from voice.dialog.actions import (
     action_tool,
     tool_instructions,
 )
+from voice.dialog.answers import NO, VALUE
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home_prompt import home_prompt
 from voice.dialog.sentence_data import device_class
 from voice.dialog.state_reply import is_or_are, listed, state_reply, state_said, yes_or_no
 from voice.dialog.understanding import (
-    NO,
-    VALUE,
     Act,
     AskState,
     CannotDo,
@@ -81,7 +81,18 @@ def say_value(value: str) -> str:
 
 @dataclass(frozen=True)
 class Declined:
-    """The user answered no to the question back: nothing is done."""
+    """The question back ended without a yes: the user said no (``said_no``), or words that answer nothing and
+    command nothing. Nothing is done, and the reply opens by saying so (``left_as_is``): left to itself, the model
+    has answered such words with "Done." when nothing was done."""
+
+    devices: tuple[HomeDevice, ...]
+    said_no: bool = True
+
+    @property
+    def left_as_is(self) -> str:
+        names = listed([d.name for d in self.devices])
+        it = "they are" if len(self.devices) > 1 or is_or_are(names) == "are" else "it is"
+        return f"{'Okay, ' if self.said_no else ''}I left the {names} as {it}."
 
 
 Understood = Reading | Declined
@@ -152,14 +163,16 @@ class Home:
         reading = self.grammar.read(text)
         if (asked := self._asked_in(last_reply)) is not None and not _certain(reading):
             devices, values = asked
-            answer = self.grammar.answer(text, devices[0].payloads)
+            answer = self.grammar.answers.read(text, devices[0].payloads)
             if answer is not None and not answer.yes:
-                return Declined()
+                return Declined(tuple(devices))
             if answer is not None and (value := answer.value or (values[0] if len(values) == 1 else None)):
                 commands = tuple(Command(d, value) for d in devices if value in d.payloads)
                 return Act(commands, certain=True, intent="answer")
         if isinstance(reading, NoMatch) and spoken and (guess := self.guess(text)) is not None:
             return guess
+        if asked is not None and isinstance(reading, NoMatch):
+            return Declined(tuple(asked[0]), said_no=False)
         if isinstance(reading, Act) and reading.terse and spoken:  # maybe a question that lost its first word
             return Act(reading.commands, certain=False, intent=reading.intent)
         return reading
@@ -216,9 +229,9 @@ class Home:
         if (asked := self.asked_back(history)) is None:
             return []
         payloads = asked[0][0].payloads
-        if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answer(heard, payloads):
+        if not isinstance(self.grammar.read(heard), NoMatch) or self.grammar.answers.read(heard, payloads):
             return []
-        return self.grammar.sample_answers(payloads)
+        return self.grammar.answers.sample(payloads)
 
     def rivals(self, heard: str, history: Sequence[dict] = ()) -> tuple[list[str], list[str]]:
         """What else an acting answer to the last question back may have been, for the recogniser to weigh it
@@ -228,20 +241,21 @@ class Home:
         if (asked := self.asked_back(history)) is None:
             return [], []
         payloads = asked[0][0].payloads
-        answer = self.grammar.answer(heard, payloads)
+        answer = self.grammar.answers.read(heard, payloads)
         if answer is None or not answer.yes or _certain(self.grammar.read(heard)):
             return [], []
-        noes = self.grammar.sample_answers(payloads, intents=(NO,), every_polite=True)
+        noes = self.grammar.answers.sample(payloads, intents=(NO,), every_polite=True)
         if answer.value is None:
             return noes, []
         others = [p for p in payloads if p != answer.value]
-        return noes, self.grammar.sample_answers(others, intents=(VALUE,), every_polite=True)
+        return noes, self.grammar.answers.sample(others, intents=(VALUE,), every_polite=True)
 
     def renamings(self, text: str, history: Sequence[dict] = ()) -> dict[str, HomeDevice]:
         """Spoken words that match nothing, said with a span as a device's name (``said_as``) where that makes a
         command the matcher reads: each such text with its device, for the recogniser to score against the audio
         ("Set the memory light 50" -> "Set the bedroom light 50"). {} otherwise."""
-        if not isinstance(self.understand(text, history, spoken=False), NoMatch):
+        understood = self.understand(text, history, spoken=False)
+        if not (isinstance(understood, NoMatch) or isinstance(understood, Declined) and not understood.said_no):
             return {}
         found: dict[str, HomeDevice] = {}
         for device in self.devices:
@@ -262,7 +276,8 @@ class Home:
             names = listed([c.device.name for c in understood.commands])
             return f"{text} (the {names} {say_value(understood.commands[0].payload)})"
         if isinstance(understood, Declined):
-            return f"{text}\n(note: the user said no; nothing was changed)"
+            why = "the user said no" if understood.said_no else "this answers nothing you asked"
+            return f"{text}\n(note: {why}; nothing was changed)"
         if isinstance(understood, Later):
             return f"{text}\n(note: you cannot do anything at a later time, only now; say so)"
         if isinstance(understood, CannotDo):
@@ -419,14 +434,17 @@ def marker_choices(
     home: Home | None, text: str, history: Sequence[dict] = (), spoken: bool = False
 ) -> tuple[list[str], list[str]]:
     """For the constrained format: what may follow "[ACTION" (``constrained_commands``), and what the reply must
-    open with: the markers of ``Home.opening``, that nothing is done at a later time, or the answer the state gives
-    to a question about it (``Home.state_reply``); none: it opens freely."""
+    open with: the markers of ``Home.opening``, that nothing is done at a later time, that a question back left the
+    device as it is (``Declined``), or the answer the state gives to a question about it (``Home.state_reply``);
+    none: it opens freely."""
     commands = constrained_commands(home, text, history, spoken)
     opening = home.opening(text, history, spoken) if home is not None else []
     choices = [f" {topic} {p}]" for topic, payloads in commands.items() for p in payloads]
     understood = home.understand(text, history, spoken) if home is not None else None
     if isinstance(understood, Later):
         return choices, [LATER_SPEECH.strip()]
+    if isinstance(understood, Declined):
+        return choices, [understood.left_as_is]
     if home is not None and isinstance(understood, AskState) and (said := home.state_reply(understood)):
         return choices, [said]
     return choices, ["".join(f"[{KEYWORD} {c.topic} {c.payload}]" for c in opening)] if opening else []

@@ -22,15 +22,15 @@ import itertools
 import logging
 import time
 import uuid
-from typing import Protocol
+from collections.abc import Callable
 
 import numpy as np
 
 from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
-from voice.config import Config
 from voice.dialog.backchannel import Hold, clearly_interrupts, is_backchannel
-from voice.dialog.home import Home, action_setup
+from voice.dialog.home import action_setup
+from voice.dialog.host import Host
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import (
     Event,
@@ -44,30 +44,13 @@ from voice.events import (
     TranscriptPartial,
     TurnDone,
 )
-from voice.hearing.listener import Listener, ListenEvent, Utterance, UtteranceEnded
-from voice.latency import LatencyStats, LatencyTrace
-from voice.ports import AudioSink, ChatEngine, SpeechSynthesizer, Tool
-from voice.tasks import Job, cancel_and_wait
+from voice.hearing.listener import Listener
+from voice.hearing.utterance import ListenEvent, Utterance, UtteranceEnded
+from voice.latency import LatencyTrace
+from voice.ports import AudioSink, Tool
+from voice.tasks import cancel_and_wait
 
 log = logging.getLogger("specvoice.session")
-
-
-class Host(Protocol):
-    """What a session needs from the assistant that holds the models (voice.assistant.Assistant)."""
-
-    config: Config
-    engine: ChatEngine
-    tts: SpeechSynthesizer
-    stats: LatencyStats
-    home: Home | None  # the named devices and their state (mqtt.devices); None: none named
-
-    @property
-    def generation_lock(self) -> asyncio.Lock: ...
-    def listener(self, *, endpointing: bool = True) -> Listener: ...
-    def decode_settings(self, **overrides: object) -> DecodeSettings: ...
-    def broadcast(self, session_id: str, event: Event) -> None: ...
-    def spawn(self, job: Job) -> asyncio.Task[object] | None: ...
-    def forget(self, session: Session) -> None: ...
 
 
 class Session:
@@ -81,9 +64,11 @@ class Session:
         sink: AudioSink | None = None,
         name: str = "",
         endpointing: bool = True,
+        on_close: Callable[[Session], None] = lambda session: None,
     ) -> None:
         cfg = assistant.config
         self.assistant = assistant
+        self._on_close = on_close  # the assistant forgets the session
         self.config = cfg
         self.id = name or uuid.uuid4().hex[:8]
         self.sink = sink
@@ -497,4 +482,4 @@ class Session:
         await cancel_and_wait(self._warm)
         await self._interrupt()
         await self.listener.close()
-        self.assistant.forget(self)
+        self._on_close(self)

@@ -28,7 +28,7 @@ from voice.dialog.rehearing import rehear
 from voice.dialog.reply import ReplyOutcome, SpokenFragment, StageError
 from voice.dialog.toolcalls import ToolCallParser, call_message
 from voice.events import ActionRequested, ReplyAudio, ReplyTextDelta, State, TranscriptFinal, TurnDone, TurnError
-from voice.hearing.listener import Utterance
+from voice.hearing.utterance import Utterance
 from voice.latency import LatencyTrace
 from voice.ports import AudioSink
 

@@ -26,9 +26,8 @@ from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult, is_match
-from hassil.sample import sample_sentence
-from unicode_rbnf import RbnfEngine
 
+from voice.dialog.answers import ANSWER_INTENTS, AnswerGrammar
 from voice.dialog.devices import HomeDevice
 from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, language_data
 
@@ -36,7 +35,6 @@ from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, languag
 # matcher's tolerance for a clause it has no template for. Such a match is only ever asked back.
 FUZZY_WORDS = 4
 
-YES, NO, VALUE = "SpecvoiceYes", "SpecvoiceNo", "SpecvoiceValue"  # the answers to a question back (our sentences)
 STATE_INTENTS = frozenset({"HassGetState", "HassClimateGetTemperature"})
 # Home Assistant's rules for articles, places and quantities ("the", "in", "all", "everywhere", "here", "home"):
 # they say where and how many, never what to do
@@ -90,14 +88,6 @@ class CannotDo:
 
     devices: tuple[HomeDevice, ...]
     intent: str
-
-
-@dataclass(frozen=True)
-class Answer:
-    """A short answer to the assistant's question back: ``yes``, ``no``, or the ``value`` wanted."""
-
-    yes: bool
-    value: str | None = None
 
 
 @dataclass(frozen=True)
@@ -215,7 +205,7 @@ class HomeGrammar:
         firsts = [alternative.split()[0] for alternative in everything.strip("()").split("|") if alternative.split()]
         said = [*(n for n, _, _ in names), *areas, *floors, *(p for p, *_ in parts), *firsts]
         self._vocabulary = kinds | {w for text in said if text for w in _words(str(text))}
-        self._numbers = RbnfEngine.for_language(self.language.split("_")[0].split("-")[0])
+        self.answers = AnswerGrammar(self.intents, self._slots, self.language)  # to a question back
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
 
@@ -239,7 +229,7 @@ class HomeGrammar:
         context = {"area": {"value": self.here, "text": self.here}} if self.here else None
         slots = self._slots if slots is None else slots
         found = recognize_all(text, self.intents, slot_lists=slots, intent_context=context, language=self.language)
-        return [r for r in found if r.intent.name not in (YES, NO, VALUE)]
+        return [r for r in found if r.intent.name not in ANSWER_INTENTS]
 
     def _best(self, results: list[RecognizeResult], text: str) -> Reading:
         """The reading of the best result, as Home Assistant ranks them: a device named by name before an area or a
@@ -337,90 +327,6 @@ class HomeGrammar:
         if (exact := _first(device, (str(value),))) is not None:
             return exact
         return _first(device, _ENDS[value].get(device.domain, ())) if value in _ENDS else None
-
-    # ---- answers to a question back ----------------------------------------------------------------------------
-
-    def answer(self, text: str, values: Sequence[str]) -> Answer | None:
-        """``text`` as an answer to a question back that offered ``values`` (payloads of one device): yes, no, or
-        one of the values ("switch it on", "50 percent please"); None when it is no such answer."""
-        slots = {**self._slots, "value": self._value_slot(values)}
-        found = recognize_all(text, self.intents, slot_lists=slots, language=self.language)
-        for result in sorted(found, key=lambda r: -r.text_chunks_matched):
-            if result.intent.name == YES:
-                return Answer(True)
-            if result.intent.name == NO:
-                return Answer(False)
-            if result.intent.name == VALUE and "value" in result.entities:
-                return Answer(True, str(result.entities["value"].value))
-        return None
-
-    def value_forms(self, payload: str) -> list[str]:
-        """How a payload is said: its own word, the state word Home Assistant's lists have for it ("closed" for
-        CLOSE, "locked" for LOCK), a number also spelled out and with its unit."""
-        if payload.isdigit():
-            spelled = self._numbers.format_number(int(payload)).text
-            return [f"{n}{unit}" for n in (payload, spelled) for unit in ("", " percent", "%", " degrees")]
-        word = payload.casefold()
-        return list(dict.fromkeys([word, *self._state_words(word)]))
-
-    def _state_words(self, word: str) -> list[str]:
-        """The state words of Home Assistant's lists (cover, lock, on/off states) that begin like ``word``."""
-        lists = language_data(self.language).get("lists", {})
-        found = []
-        for name in ("on_off_states", "cover_states", "lock_states"):
-            for value in lists.get(name, {}).get("values", []):
-                out = str(value.get("out", ""))
-                if out.startswith(word) and len(out) <= len(word) + 2:
-                    found.append(out)
-        return found
-
-    def sample_answers(
-        self,
-        values: Sequence[str],
-        limit: int = 60,
-        intents: Sequence[str] = (YES, NO, VALUE),
-        every_polite: bool = False,
-    ) -> list[str]:
-        """Sentences of the answer grammar (of the answer ``intents``: YES, NO, VALUE) for a question back offering
-        ``values``: each answer template at its shortest (its optional words left out, each rule its most common
-        word), alone and with the polite word after it ("Turn it on.", "Turn it on, please."): what the recogniser
-        scores against the audio when the words it heard answer nothing, or to weigh a yes against the noes
-        (voice/dialog/rehearing.py). ``every_polite``: with each short polite word of the grammar instead ("No,
-        thanks.", "No, thank you."): a no is weighed against a heard yes, and a yes must not win only because
-        the no it was weighed against was said with another polite word."""
-        data = language_data(self.language)
-        rules = {name: parse_sentence(rule) for name, rule in data.get("sample_rules", {}).items()}
-        slots = {**self._slots, "value": self._value_slot(values, forms=1)}
-        shortest = [
-            " ".join(said.split())
-            for name in intents
-            for intent_data in self.intents.intents[name].data
-            for sentence in intent_data.sentences
-            for said in sample_sentence(sentence, slots, rules, self.language, skip_optionals=True)
-        ]
-        endings = [".", *(f", {word}." for word in self._polite_words(every_polite))]
-        found = dict.fromkeys(f"{s.capitalize()}{end}" for s in shortest if s for end in endings)
-        return list(found)[:limit]
-
-    def _polite_words(self, every: bool) -> list[str]:
-        """The polite word the answers are sampled with (the sample rules'), or every short one of the grammar's
-        polite rule (at most two words: "thank you", not "if you could")."""
-        data = language_data(self.language)
-        if not every:
-            return [str(data.get("sample_rules", {}).get("polite", "")).strip("()").split("|")[0]]
-        rule = parse_sentence(str(data["expansion_rules"]["polite"]))
-        said = sample_sentence(rule, {}, {}, self.language)
-        return [w for w in dict.fromkeys(" ".join(s.split()) for s in said) if 0 < len(w.split()) <= 2]
-
-    def _value_slot(self, values: Sequence[str], forms: int | None = None) -> TextSlotList:
-        """The values as an answer may say them: their forms (``value_forms``) and, whole, the sentence data's
-        other words for them ("stop" for PAUSE)."""
-        pairs = [(form, v) for v in values for form in self.value_forms(v)[:forms]]
-        if forms is None:
-            other = language_data(self.language).get("value_forms", {})
-            pairs += [(str(other[v.upper()]), v) for v in values if v.upper() in other]
-        values_in = [TextSlotValue.from_tuple(pair) for pair in pairs]
-        return TextSlotList(name="value", values=values_in)
 
 
 def _bare(result: RecognizeResult) -> bool:

@@ -32,7 +32,6 @@ import logging
 import time
 from collections import deque
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -45,6 +44,8 @@ from audio.webrtc import WebRtcAudio
 from voice.events import PauseHeard, SpeechResumed, SpeechStarted, TranscriptPartial
 from voice.hearing.endpointing import SemanticEnd
 from voice.hearing.parts import LOAD_TURN_MODEL, listener_parts
+from voice.hearing.utterance import ListenEvent, Utterance, UtteranceEnded
+from voice.hearing.wake import WakePhrase
 from voice.ports import SpeechRecognizer, Transcription
 from voice.tasks import start
 
@@ -63,53 +64,6 @@ HELD_PROMPT = "Mm-hmm. Yeah. Okay. Uh-huh. I see. Ha ha."
 HELD_PROMPT_MAX_S = 1.5
 
 
-@dataclass
-class Utterance:
-    """A stretch of the user's speech that ended; ``final()`` gives its transcript (cheap when the last
-    partial pass already saw all of it). Times are on the audio clock (monotonic seconds)."""
-
-    stream: Transcription
-    speech_start: float
-    speech_end: float  # end of the last voiced sample
-    endpoint: float  # when the end of the turn was decided
-    cut: bool = False  # ended by the length limit (server.max_turn_audio_s), not by the user
-    running_pass: asyncio.Future | None = None  # a partial pass still at work on this utterance
-    reason: str = "manual"  # what ended it: complete / max_silence (semantic), vad_silence, cut, manual
-    probability: float | None = None  # Smart Turn's last P(complete) for this turn, when it was asked
-
-    @property
-    def duration(self) -> float:
-        return self.stream.duration
-
-    _final: asyncio.Future[str] | None = field(default=None, repr=False)
-
-    async def final(self) -> str:
-        """The final transcript, worked out once. Cancelling a caller does not cancel the work: a turn cut before
-        its transcript was ready hands its utterance on to the next turn, which asks again (Turn.hand_over)."""
-        if self._final is None:
-            self._final = start(self._transcribe(), name="final transcript")
-            self._final.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved, if nobody asks
-        return await asyncio.shield(self._final)
-
-    async def _transcribe(self) -> str:
-        """A partial pass still running is waited for, not thrown away (the final then decodes only what it did
-        not see)."""
-        if self.running_pass is not None:
-            await asyncio.wait({self.running_pass})
-            self.running_pass = None
-        return (await self.stream.final()).strip()
-
-
-@dataclass
-class UtteranceEnded:
-    """What ``accept_chunk`` returns when an utterance ends (the VAD's endpoint or the length limit)."""
-
-    utterance: Utterance
-
-
-ListenEvent = SpeechStarted | TranscriptPartial | PauseHeard | SpeechResumed | UtteranceEnded
-
-
 class Listener:
     """One audio stream's VAD, streaming transcription and turn ending. Call everything from one event loop."""
 
@@ -120,7 +74,8 @@ class Listener:
         *,
         partial_interval_s: float = 0.6,
         max_utterance_s: float = 60.0,
-        wake=None,
+        wake: WakePhrase | None = None,
+        follow_up_s: float = 0.0,
         echo=None,
         turn: SemanticEnd | None = None,
         denoise: tuple[WebRtcAudio, WebRtcAudio] | None = None,
@@ -131,10 +86,12 @@ class Listener:
         self.turn = turn if vad is not None else None
         self.partial_interval_s = partial_interval_s
         self.max_utterance_s = max_utterance_s
-        self.wake = wake  # audio.wakeword.WakeWord or None
+        self.wake = wake  # the device's own microphone only: a turn opens after its phrase (or a reply)
+        self.follow_up_s = follow_up_s  # after a reply, speech this soon opens a turn without the wake word
         self.echo = echo  # audio.echo.EchoSuppressor or None
         self.denoise = denoise  # WebRTC noise suppression for what the VAD hears and what Whisper hears, or None
-        self.replying = False  # set by the session: speech now is a barge-in (no wake word needed, echo gate on)
+        self._replying = False
+        self._reply_ended = False  # a reply has just ended: the follow-up window opens on the next block
         self._stream: Transcription | None = None
         self._start_t = 0.0
         self._clock: float | None = None  # audio time of the next pushed sample
@@ -158,20 +115,19 @@ class Listener:
         *,
         endpointing: bool = True,
         vad_path: str | None = None,
-        wake_dir: str | None = None,
         turn_model: Any = LOAD_TURN_MODEL,
     ) -> Listener:
         """The Listener the config describes, on a loaded STT model: its own VAD (when ``endpointing``), wake word,
         echo canceller and noise suppressor (``voice.hearing.parts``). Model paths are resolved there unless the
         caller already did (the Assistant). ``turn_model``: the loaded Smart Turn (``TurnModel``), None for the VAD
         rule; by default it is loaded when ``turn.engine = "smart"``."""
-        parts = listener_parts(config, endpointing, vad_path, wake_dir, turn_model)
+        parts = listener_parts(config, endpointing, vad_path, turn_model)
         return cls(
             stt,
             parts.vad,
             partial_interval_s=config.stt.partial_interval_ms / 1000.0,
             max_utterance_s=config.server.max_turn_audio_s,
-            wake=parts.wake,
+            follow_up_s=config.audio.follow_up_s,
             echo=parts.echo,
             turn=parts.turn,
             denoise=parts.denoise,
@@ -192,6 +148,17 @@ class Listener:
         if self.vad is None:
             return 0.0
         return self.turn.settings.max_silence_ms / 1000 if self.turn is not None else self.vad.end_silence_s
+
+    @property
+    def replying(self) -> bool:
+        """Set by the session: a reply is under way, so speech now is a barge-in (no wake word needed, echo gate
+        on). When it ends, the user may answer or ask again without the wake word for ``follow_up_s``."""
+        return self._replying
+
+    @replying.setter
+    def replying(self, now: bool) -> None:
+        self._reply_ended = self._reply_ended or (self._replying and not now)
+        self._replying = now
 
     @property
     def hearing(self) -> bool:
@@ -269,15 +236,17 @@ class Listener:
 
     def _endpointing(self, chunk: AudioChunk, heard: np.ndarray) -> list[ListenEvent]:
         assert self.vad is not None
-        woke = self.wake is not None and self.wake.process(chunk)
-        if woke:
-            self._awake_until = chunk.end_t + WAKE_WINDOW_S
+        if self._reply_ended:
+            self._reply_ended = False
+            self._awake_until = max(self._awake_until, chunk.t + self.follow_up_s)
         double_talk = self.replying and self.echo is not None and self.echo.double_talk()
         threshold = min(DOUBLE_TALK_THRESHOLD, self.vad.threshold) if double_talk else None
         vad_events = self.vad.process(chunk, threshold, keep=heard)
-        if woke and self.vad.speaking and self._stream is None and not vad_events:
-            # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
-            vad_events = [VadEvent("speech_start", chunk.end_t, np.zeros(0, np.int16), decided_t=chunk.end_t)]
+        if self.wake is not None and (woke := self._woken(chunk, heard, vad_events)) is not None:
+            self._awake_until = max(self._awake_until, woke + WAKE_WINDOW_S)
+            if self.vad.speaking and self._stream is None and not vad_events:
+                # "hey jarvis, what time is it" in one breath: the request starts right after the wake phrase
+                vad_events = [VadEvent("speech_start", woke, self.wake.since(woke), decided_t=chunk.end_t)]
         events: list[ListenEvent] = []
         started = False
         for event in vad_events:
@@ -307,6 +276,13 @@ class Listener:
         if self.turn is not None and self._stream is not None:
             events += self._semantic_end(chunk.end_t)
         return events
+
+    def _woken(self, chunk: AudioChunk, heard: np.ndarray, vad_events: list[VadEvent]) -> float | None:
+        """The end of a wake phrase the wake word just confirmed, if any (voice/hearing/wake.py)."""
+        assert self.wake is not None and self.vad is not None
+        asleep = not self.replying and self._stream is None and chunk.t > self._awake_until
+        started = next((e.t for e in vad_events if e.kind == "speech_start"), None)
+        return self.wake.process(chunk, heard, started, self.vad.speaking, asleep)
 
     def _semantic_end(self, t: float) -> list[ListenEvent]:
         """One block of the semantic end of turn: tell the policy what the VAD heard, hand it the answers that
@@ -396,7 +372,8 @@ class Listener:
     async def settle(self) -> None:
         """Wait for the background work (Whisper pass, Smart Turn call); what it decided comes out of the next
         ``accept_chunk``. For lockstep runs (tests): the decisions then depend on the audio only."""
-        pending = {f for f in (self._pass, self.turn.in_flight if self.turn is not None else None) if f is not None}
+        turn, wake = (self.turn.in_flight if self.turn else None), (self.wake.in_flight if self.wake else None)
+        pending = {f for f in (self._pass, turn, wake) if f is not None}
         if pending:
             await asyncio.wait(pending)
 
@@ -408,6 +385,8 @@ class Listener:
             self._pass = None
         if self.turn is not None:
             await self.turn.close()
+        if self.wake is not None:
+            await self.wake.settle()
 
     # ---- partial passes -------------------------------------------------------------------------------------
 

@@ -1,5 +1,6 @@
-"""The parts of a Listener as the config describes them: the VAD, the semantic end of turn, the wake word, the
-echo canceller and the noise suppressor (voice.hearing.listener puts them together)."""
+"""The parts of a Listener as the config describes them: the VAD, the semantic end of turn, the echo canceller and
+the noise suppressor (voice.hearing.listener puts them together). The wake word is the device microphone's alone
+(``Assistant.wake_word``)."""
 
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ LOAD_TURN_MODEL = object()  # listener_parts: load the turn model named by the c
 class ListenerParts:
     vad: Vad | None = None
     turn: SemanticEnd | None = None
-    wake: WakeWord | None = None
     echo: EchoSuppressor | None = None
     denoise: tuple[WebRtcAudio, WebRtcAudio] | None = None  # for what the VAD hears, and what Whisper hears
 
@@ -30,7 +30,6 @@ def listener_parts(
     config: Any,
     endpointing: bool = True,
     vad_path: str | None = None,
-    wake_dir: str | None = None,
     turn_model: Any = LOAD_TURN_MODEL,
 ) -> ListenerParts:
     """The parts ``config`` asks for; without ``endpointing`` none but the noise suppressor (the caller ends
@@ -57,12 +56,20 @@ def listener_parts(
         preroll_ms=v.preroll_ms,
         sample_rate=SPEECH_RATE,
     )
-    wake = None
-    if m.wake_word:
-        if wake_dir is None:
-            wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path)
-        wake = WakeWord(m.wake_word, wake_dir)
     echo = None
     if config.audio.echo != "off":
         echo = EchoSuppressor(SPEECH_RATE, mode=config.audio.echo, filter_ms=config.audio.echo_filter_ms)
-    return ListenerParts(vad=vad, turn=turn, wake=wake, echo=echo, denoise=denoise)
+    return ListenerParts(vad=vad, turn=turn, echo=echo, denoise=denoise)
+
+
+def wake_word(config: Any, wake_dir: str | None = None) -> WakeWord | None:
+    """A new detector of the configured wake word (models.wake_word; None when it is off), from ``wake_dir`` or
+    the model cache. Only the device's own microphone listens for one (``Assistant.wake_word``)."""
+    m = config.models
+    if not m.wake_word:
+        return None
+    if wake_dir is None:
+        from voice.models import resolve
+
+        wake_dir = str(resolve(m.wake_word, "wake", m.cache_dir).path)
+    return WakeWord(m.wake_word, wake_dir)

@@ -80,6 +80,10 @@ WHISPER_WINDOW_S = 30  # the window Whisper was trained on
 MIN_WINDOW_S = 10  # a fitted window is never shorter: at 3-5 s Whisper repeats itself (voice.bench.stt_accuracy)
 WINDOW_MARGIN_S = 0.5  # ... and leaves at least this much room after the audio
 TOKENS_PER_S = 8  # Whisper writes about 4-5 tokens per second of fast speech: a pass may write this many
+# Whisper's decoder holds 448 tokens, the prompt's included (the hotwords and the pass's own prompt): a pass over
+# a long buffer (a turn that has committed nothing yet) asks for no more than this, which its 30 s window of
+# speech never needs
+MAX_NEW_TOKENS = 200
 FRAMES_PER_S = 100  # Whisper's log-mel frames per second
 _SILENT_PEAK = 0.003  # below this the buffer is not decoded at all
 _TRIM_AFTER_S = 12.0  # trim the buffer at a committed sentence end once it is this long
@@ -201,7 +205,8 @@ class SpeechToText:
             temperature=0.0,
             word_timestamps=True,
             condition_on_previous_text=False,
-            max_new_tokens=math.ceil(TOKENS_PER_S * len(audio) / SPEECH_RATE) + 12,  # a run-on stops early
+            # a run-on stops early
+            max_new_tokens=min(MAX_NEW_TOKENS, math.ceil(TOKENS_PER_S * len(audio) / SPEECH_RATE) + 12),
             initial_prompt=prompt or None,
             hotwords=hotwords,
             vad_filter=False,
@@ -253,6 +258,10 @@ class SpeechToText:
     ) -> list[Word]:
         """``decode`` on the STT worker thread."""
         return await asyncio.get_running_loop().run_in_executor(self.executor, self.decode, audio, prompt, beam_size)
+
+    async def run_fits(self, audio: np.ndarray, texts: Sequence[str]) -> list[float]:
+        """``fits`` on the STT worker thread."""
+        return await asyncio.get_running_loop().run_in_executor(self.executor, self.fits, audio, list(texts))
 
     async def transcribe(self, samples: np.ndarray) -> str:
         """Whole-utterance transcription (int16 16 kHz), one pass on the STT worker."""
@@ -405,8 +414,7 @@ class StreamingTranscription:
         utterance, trimmed, whose audio is no longer all here."""
         if self._done or not len(self._audio) or not texts:
             return None
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.stt.executor, self.stt.fits, self._audio, list(texts))
+        return await self.stt.run_fits(self._audio, texts)
 
     async def final(self) -> str:
         """The final transcript: committed words plus the rest of a last pass (skipped if nothing is new).
