@@ -213,8 +213,8 @@ def test_a_question_back_is_answered_with_the_wanted_value_and_scored_after_the_
 
 
 def test_a_real_run_writes_one_record_per_case_and_publishes_nothing_unallowed(tmp_path):
-    """SmolLM2-135M over four cases, one also spoken: the records' shape, and the allow-list holds. The small
-    model's accuracy is not asserted (it seldom writes a marker at all)."""
+    """SmolLM2-135M over four cases, one also spoken, across the living room over a fan: the records' shape, and
+    the allow-list holds. The small model's accuracy is not asserted (it seldom writes a marker at all)."""
     data = copy.deepcopy(GOOD)
     data["cases"].append(
         {"say": "open the garage door", "expect": {"topic": "home/garage/door/set", "payload": "OPEN"}}
@@ -222,8 +222,9 @@ def test_a_real_run_writes_one_record_per_case_and_publishes_nothing_unallowed(t
     (tmp_path / "cases.json").write_text(json.dumps(data))
     out = tmp_path / "home.json"
     argv = ["-c", "configs/small.toml", "bench", "home", "--cases", str(tmp_path / "cases.json")]
-    assert cli([*argv, "--json", str(out), "--spoken", "1"]) == 0
+    assert cli([*argv, "--json", str(out), "--spoken", "1", "--condition", "living-room-3m+fan@10"]) == 0
     report = json.loads(out.read_text())
+    assert report["spoken_condition"] == "living-room-3m+fan@10"
     records = report["cases"]
     assert [r["spoken"] for r in records] == [False] * 4 + [True]
     allowed = {d["topic"]: d["payloads"] for d in data["devices"]}
@@ -248,6 +249,12 @@ def test_a_nonsense_limit_is_a_usage_error_before_any_model_loads(capsys):
     with pytest.raises(SystemExit) as caught:
         cli(["-c", "configs/small.toml", "bench", "home", "--limit", "0"])
     assert caught.value.code == 2 and "--limit: 0 is below 1" in capsys.readouterr().err
+
+
+def test_an_unknown_listening_condition_is_a_usage_error_before_any_model_loads(capsys):
+    with pytest.raises(SystemExit) as caught:
+        cli(["-c", "configs/small.toml", "bench", "home", "--condition", "living-room+drums@10"])
+    assert caught.value.code == 2 and "no noise 'drums'" in capsys.readouterr().err
 
 
 def test_default_cases_path_is_inside_the_repository():

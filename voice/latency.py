@@ -80,6 +80,7 @@ class LatencyTrace:
         origin = min(self.marks.values()) if self.marks else 0.0
         return {
             "turn_id": self.turn_id,
+            "origin_t": origin,  # the marks' zero on the audio clock (monotonic s), to set them against a recording
             "marks_ms": {
                 k: round((v - origin) * 1000.0, 1) for k, v in sorted(self.marks.items(), key=lambda kv: kv[1])
             },

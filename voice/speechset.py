@@ -221,6 +221,16 @@ def _seed(key: str) -> int:
     return zlib.crc32(key.encode())  # stable across processes (str hash() is salted)
 
 
+def framed(uid: str, voice: Voice, text: str, speech: np.ndarray) -> Utterance:
+    """``speech`` (16 kHz int16, already spoken) as a labelled turn: TURN_LEAD_S of silence before it and
+    TURN_TAIL_S after (in which a listening condition's noise plays on)."""
+    lead = np.zeros(round(TURN_LEAD_S * SPEECH_RATE), np.int16)
+    tail = np.zeros(round(TURN_TAIL_S * SPEECH_RATE), np.int16)
+    start = len(lead) / SPEECH_RATE
+    spans = ((start, start + len(speech) / SPEECH_RATE),)
+    return Utterance(uid, voice, text, np.concatenate([lead, np.asarray(speech, np.int16), tail]), spans)
+
+
 def _assemble(
     uid: str, voice: Voice, pieces: list[str], pauses_s: list[float], lead_s: float, tail_s: float
 ) -> Utterance:

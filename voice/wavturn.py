@@ -40,8 +40,24 @@ async def run_turn(
 ) -> TurnDone | None:
     """Play ``wav`` into the session like a microphone (then silence, so the VAD ends the turn) and wait for the
     turn to finish; ``done`` receives the session's TurnDone / TurnError events."""
-    async for chunk in WavSource(wav, block_ms=block_ms, realtime=realtime, tail_silence_ms=tail_silence_ms):
+    await play(session, wav, realtime=realtime, block_ms=block_ms, tail_silence_ms=tail_silence_ms)
+    return await turn_ended(done, timeout_s)
+
+
+async def play(
+    session: Any, wav: Path, *, realtime: bool = True, block_ms: int = 20, tail_silence_ms: int = 1500
+) -> float:
+    """Play ``wav`` into the session like a microphone, then ``tail_silence_ms`` of silence; returns the audio
+    clock's time of the file's first sample."""
+    source = WavSource(wav, block_ms=block_ms, realtime=realtime, tail_silence_ms=tail_silence_ms)
+    async for chunk in source:
         await session.push_audio(chunk.samples, chunk.t)
+    assert source.start_t is not None  # set by the first block
+    return source.start_t
+
+
+async def turn_ended(done: asyncio.Queue[Any], timeout_s: float = 300.0) -> TurnDone | None:
+    """The session's next TurnDone from ``done``; None when the turn failed (reported on stderr) or ended."""
     async with asyncio.timeout(timeout_s):
         while True:
             event = await done.get()

@@ -8,7 +8,8 @@ the session's ``ActionRequested`` events. What the bridge would publish is what 
 again. No broker is needed. ``--spoken N`` also plays N cases, spoken, through the real listener (VAD, Whisper)
 first: by default about half by the assistant's piper voice and half by espeak-ng accents (``SPOKEN_VOICES``), the
 voice of each case drawn from ``--seed``, so the same command speaks the same cases in the same voices
-(``--voices piper``: all by piper, as before).
+(``--voices piper``: all by piper, as before). ``--condition`` places the spoken cases in a listening condition
+(voice/roomset.py: a simulated room, a distance, a noise that runs on after the words).
 
 Scores: the right action (topic and payload, nothing else) for command cases; any action where none is wanted;
 refused requests and unallowed publishes (the latter must stay 0); whether the reply says the refusal when a
@@ -43,6 +44,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from audio.frames import SPEECH_RATE
+from audio.wavfile import read_wav, write_wav
 from voice.bench import count, positive
 from voice.config_servers import HomeDeviceConfig
 from voice.events import ActionRequested, Event, TranscriptFinal, TurnDone, TurnError
@@ -58,6 +61,8 @@ from voice.home_casefile import (
     speak_case,
     spoken_voices,
 )
+from voice.roomset import CONDITIONS_HELP, Condition, parse
+from voice.speechset import Voice, framed
 
 # The espeak-ng half of the spoken sample: accents and speeds of `espeak-ng --voices=en` (as the varied STT set).
 
@@ -236,6 +241,11 @@ async def bench(config: Any, argv: list[str]) -> int:
     )
     p.add_argument("--seed", type=int, default=0, help="which spoken case gets which voice (--voices mixed)")
     p.add_argument(
+        "--condition",
+        default="clean",
+        help="where the spoken cases are said: one listening condition. " + CONDITIONS_HELP,
+    )
+    p.add_argument(
         "--ungrounded",
         action="store_true",
         help="measure the prompt alone: no check that the user's words asked for the action",
@@ -247,6 +257,10 @@ async def bench(config: Any, argv: list[str]) -> int:
         "calls, or markers whose command is a constrained decode",
     )
     args = p.parse_args(argv)
+    try:
+        condition = parse(args.condition)
+    except ValueError as exc:
+        p.error(str(exc))
     try:
         cases = load_cases(args.cases)
     except CaseFileError as exc:
@@ -271,10 +285,11 @@ async def bench(config: Any, argv: list[str]) -> int:
     voices = spoken_voices(len(heard), args.seed, args.voices)
     with tempfile.TemporaryDirectory() as tmp:
         for i, case in enumerate(tqdm(heard, desc="spoken cases", unit="case", disable=None)):
-            wav = speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav")
+            wav = placed(speak_case(assistant, case.say, voices[i], Path(tmp) / f"case{i}.wav"), condition)
             results.append(result := await runner.run(case, wav))
             if (said := answer_for(case, result, cases, args.seed)) is not None:
-                await runner.answer(result, said, speak_case(assistant, said, voices[i], Path(tmp) / f"answer{i}.wav"))
+                answer = placed(speak_case(assistant, said, voices[i], Path(tmp) / f"answer{i}.wav"), condition)
+                await runner.answer(result, said, answer)
     await runner.session.close()
     text = [r for r in results if not r.spoken]
     spoken = [r for r in results if r.spoken]
@@ -289,7 +304,7 @@ async def bench(config: Any, argv: list[str]) -> int:
         print_table(
             summary["spoken"],
             f"{len(spoken)} of them spoken ({len(by['piper'])} piper, {len(by['espeak-ng'])} espeak-ng, "
-            f"seed {args.seed}) -> listener -> Whisper",
+            f"seed {args.seed}, {condition.name}) -> listener -> Whisper",
         )
         for k, total in summary["spoken_by_voice"].items():
             print(
@@ -312,6 +327,7 @@ async def bench(config: Any, argv: list[str]) -> int:
                 "cases_file": str(args.cases),
                 "split": args.split,
                 "spoken_voices": {"mix": args.voices, "seed": args.seed},
+                "spoken_condition": condition.name,
                 "summary": summary,
                 "cases": [asdict(r) for r in text]
                 + [asdict(r) | {"voice": v} for r, v in zip(spoken, voices, strict=True)],
@@ -326,6 +342,17 @@ async def bench(config: Any, argv: list[str]) -> int:
     )
     print(f"wrote {args.json}")
     return 0
+
+
+def placed(wav: Path, condition: Condition) -> Path:
+    """The recording at ``wav`` rewritten as ``condition`` hears it, with the room's noise running on after the
+    words (``framed``); in the clean condition, as it is."""
+    if condition.name == "clean":
+        return wav
+    samples, _ = read_wav(wav, SPEECH_RATE, convert=True)
+    heard = condition.hear(framed(f"home/{wav.stem}", Voice(wav.stem, "piper"), "", samples))
+    write_wav(wav, heard.audio, SPEECH_RATE)
+    return wav
 
 
 def main(config: Any, args: Any, extra: list[str]) -> int:
