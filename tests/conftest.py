@@ -49,6 +49,8 @@ FULL_ONLY_MODULES = {
     "test_mqtt_bridge",
     "test_mqtt_guards",
     "test_pipeline",
+    "test_pipeline_barge_in",
+    "test_pipeline_wake",
     "test_realtime_api",
     "test_realtime_pipecat",
     "test_realtime_tools",

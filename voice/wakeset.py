@@ -36,7 +36,7 @@ WAKE_VOICES: tuple[Voice, ...] = voices(
     "espeak-lancaster-m2",
 )
 PAUSES_S = (0.15, 0.3, 0.5)  # after the wake phrase, cycled over the clips
-BLOCK = 320  # 20 ms at 16 kHz: the blocks a microphone delivers
+BLOCK = SPEECH_RATE // 50  # the blocks a microphone delivers
 
 
 def wake_clips(requests: int) -> list[Utterance]:
