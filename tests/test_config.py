@@ -144,6 +144,9 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ("[dialog]\nbackchannel_hold_s = 0\n", "dialog.backchannel_hold_s"),
         ('[mqtt]\naction_format = "json"\n', "mqtt.action_format"),
         ('[audio]\nnoise_suppression = "loud"\n', "audio.noise_suppression"),
+        ("[audio]\nfollow_up_s = -1\n", "audio.follow_up_s"),
+        ('[audio]\nfollow_up_s = "soon"\n', "audio.follow_up_s"),
+        ("[models]\nwake_word = 3\n", "models.wake_word"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):
@@ -211,3 +214,13 @@ def test_the_llm_defaults_are_the_llm_packages():
     assert {"context_limit", "draft_quantize", "max_draft_length", "prefill_chunk", "engine"} <= shared
     assert {key: config[key] for key in shared} == {key: owned[key] for key in shared}
     assert LoadSettings.from_config(config) == LoadSettings(engine=config["engine"])
+
+
+def test_an_unknown_wake_word_names_the_ones_there_are():
+    from voice.hearing.parts import wake_word
+    from voice.models import ModelError
+
+    config = load_config(ROOT / "configs" / "small.toml", environ={}, overrides=["models.wake_word=hey_alexa"])
+    with pytest.raises(ModelError) as err:
+        wake_word(config)
+    assert "hey_alexa" in str(err.value) and "hey_jarvis" in str(err.value) and "fix:" in str(err.value)

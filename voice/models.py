@@ -347,6 +347,8 @@ def resolve(name: str, kind: str, cache_dir: str | None = None, build: bool = Tr
     if name.startswith(("/", "./", "~", "../")) or name.endswith((".onnx", ".gguf", ".bin")):
         raise ModelError(f"model path {name!r} does not exist; fix: point the config at an existing file or folder")
     known = ", ".join(n for n, e in REGISTRY.items() if e.kind == kind)
+    if kind == "wake":  # openWakeWord models come from its package or a folder, never from the hub
+        raise ModelError(f"no wake word {name!r}; fix: set models.wake_word to one of [{known}], or '' for none")
     if _is_offline():
         raise ModelError(
             f"model {name!r} is neither a registered model nor a local path, and this machine is offline "
