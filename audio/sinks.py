@@ -157,7 +157,7 @@ class _BufferedSink:
 
 
 class WavSink(_BufferedSink):
-    """Plays into a WAV file (or nowhere, with ``path=None``). With ``realtime`` a timer task pulls one block
+    """Plays into a WAV file (or nowhere, with ``path=None``). With ``realtime`` a loop timer pulls one block
     every ``block_ms``, exactly like a device callback, so timings (first audible sample, flush) behave as on
     a speaker; without it, written audio counts as played at once (so there is nothing to hold). The file gets
     the samples that were played (not the idle gaps between them) and is written by ``close()``."""
@@ -176,7 +176,7 @@ class WavSink(_BufferedSink):
         self.path = Path(path) if path is not None else None
         self.realtime = realtime
         self.played: list[np.ndarray] = []
-        self._pump: asyncio.Task | None = None
+        self._tick: asyncio.Handle | None = None  # the next block's pull; None while idle
 
     async def write(self, samples: np.ndarray) -> None:
         if not self.realtime:
@@ -192,23 +192,24 @@ class WavSink(_BufferedSink):
                     self._reference.append((now, samples.copy()))
                 self.played.append(samples.copy())
             return
-        if self._pump is None or self._pump.done():
-            self._pump = asyncio.get_running_loop().create_task(self._run())
+        if self._tick is None:
+            self._tick = asyncio.get_running_loop().call_soon(self._pump, None)
         await super().write(samples)
 
-    async def _run(self) -> None:
-        next_t = time.monotonic()
-        while True:
-            block = self._pull(self.block, next_t)
-            if self.last_filled == 0 and not self.held:
-                # idle: nothing to play; stop pumping until the next write restarts us
-                return
-            self.played.append(block[: self.last_filled])
-            next_t += self.block_s
-            await asyncio.sleep(max(0.0, next_t - time.monotonic()))
+    def _pump(self, t: float | None) -> None:
+        """Pull the block due at ``t`` (monotonic, the loop's clock; None: now) and schedule the next; idle
+        (nothing queued, no hold) stops until the next write starts it again. A timer, not a task: nothing is
+        left running to await."""
+        t = time.monotonic() if t is None else t
+        block = self._pull(self.block, t)
+        if self.last_filled == 0 and not self.held:
+            self._tick = None
+            return
+        self.played.append(block[: self.last_filled])
+        self._tick = asyncio.get_running_loop().call_at(t + self.block_s, self._pump, t + self.block_s)
 
     async def drain(self) -> None:
-        while self._pump is not None and not self._pump.done():
+        while self._tick is not None:
             await asyncio.sleep(self.block_s / 2)
         await asyncio.sleep(max(0.0, self.last_play_end - time.monotonic()))
 
@@ -218,8 +219,9 @@ class WavSink(_BufferedSink):
         return np.concatenate(self.played) if self.played else np.zeros(0, dtype=np.int16)
 
     def close(self) -> None:
-        if self._pump is not None:
-            self._pump.cancel()
+        if self._tick is not None:
+            self._tick.cancel()
+            self._tick = None
         if self.path is not None:
             write_wav(self.path, self.audio, self.sample_rate)
 

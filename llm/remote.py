@@ -92,7 +92,6 @@ class RemoteEngine:
         self.spec = SpecScraper(metrics)
         self._model = remote.model
         self._client: tuple[asyncio.AbstractEventLoop, AsyncOpenAI] | None = None
-        self._side_tasks: set[asyncio.Task[Any]] = set()
         self._ids = itertools.count(1)
 
     def conversation(self, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> RemoteConversation:
@@ -183,15 +182,6 @@ class RemoteEngine:
         if settings.top_k:
             params["extra_body"] = {"top_k": settings.top_k}  # vLLM, SGLang, llama.cpp and Ollama read it
         return await self.client().chat.completions.create(**params)
-
-    def after_reply(self, stats: RemoteStats) -> None:
-        """Read the server's speculative-decoding counters in the background (never delays the reply)."""
-        task = asyncio.get_running_loop().create_task(self._read_spec(stats))
-        self._side_tasks.add(task)
-        task.add_done_callback(self._side_tasks.discard)
-
-    async def _read_spec(self, stats: RemoteStats) -> None:
-        stats.server_spec = await self.spec.read(self.client())
 
 
 class RemoteConversation(ChatHistory):
@@ -289,9 +279,9 @@ class RemoteConversation(ChatHistory):
                 self._pending = None
             self._busy = False
             self.last_stats = _finish(stats, start)
-            if done:
-                log.info(stats.log_line(), extra={"llm_stats": stats.to_dict()})
-                self.engine.after_reply(stats)
+        if done:  # after the last token: the reply never waits for the counters
+            stats.server_spec = await self.engine.spec.read(self.engine.client())
+            log.info(stats.log_line(), extra={"llm_stats": stats.to_dict()})
 
 
 async def _next_piece(

@@ -205,9 +205,16 @@ def test_the_any_finder_finds_any():
 # ---- tasks: one way to start a task and one way to stop it (voice/tasks.py) ---------------------------------
 
 
+def _is_timer(receiver: ast.expr) -> bool:
+    """A loop timer's handle (``call_later``, ``call_at``) by its name: cancelling one leaves nothing running."""
+    name = ast.unparse(receiver).rsplit(".", 1)[-1].casefold()
+    return "timer" in name or "tick" in name
+
+
 def _task_rule_breaks(source: str) -> list[str]:
-    """``line: what`` for every task started without voice/tasks.py (``create_task``, ``ensure_future``) and every
-    hand-written cancel-then-gather (``x.cancel()`` and then ``gather(x, ...)`` in one function)."""
+    """``line: what`` for every task started without voice/tasks.py (``create_task``, ``ensure_future``), every
+    hand-written cancel-then-gather (``x.cancel()`` and then ``gather(x, ...)`` in one function) and every task
+    cancelled without waiting for its end (a bare ``x.cancel()`` statement; timer handles aside)."""
     tree = ast.parse(source)
     found = [
         f"{node.lineno}: {node.func.attr}"
@@ -215,6 +222,16 @@ def _task_rule_breaks(source: str) -> list[str]:
         if isinstance(node, ast.Call)
         and isinstance(node.func, ast.Attribute)
         and node.func.attr in ("create_task", "ensure_future")
+    ]
+    found += [
+        f"{node.lineno}: cancel not awaited"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Call)
+        and isinstance(node.value.func, ast.Attribute)
+        and node.value.func.attr == "cancel"
+        and not node.value.args
+        and not _is_timer(node.value.func.value)
     ]
     for fn in ast.walk(tree):
         if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
@@ -234,10 +251,12 @@ def _task_rule_breaks(source: str) -> list[str]:
 
 def test_every_task_starts_and_stops_through_voice_tasks():
     """``tasks.start`` / ``Tasks.spawn`` start every task of voice/, ``cancel_and_wait`` / ``Tasks.stop`` stop
-    them: a task that is not kept can vanish mid-flight, and one stopped without waiting still runs."""
+    them: a task that is not kept can vanish mid-flight, and one stopped without waiting still runs. llm/ and
+    audio/ start none (a sink's pump is a loop timer; a remote reply reads the server's counters inline)."""
     offenders = {
         str(path.relative_to(ROOT)): found
-        for path in sorted((ROOT / "voice").rglob("*.py"))
+        for package in ("voice", "llm", "audio")
+        for path in sorted((ROOT / package).rglob("*.py"))
         if path != ROOT / "voice" / "tasks.py" and (found := _task_rule_breaks(path.read_text()))
     }
     assert offenders == {}
@@ -254,10 +273,16 @@ def test_the_task_rule_finds_bare_tasks_and_inline_stops():
         "    for task in (t, *others):\n"
         "        task.cancel()\n"
         "    await asyncio.gather(*others)\n"
+        "    u.cancel()\n"
+        "    self._timer.cancel()\n"
+        "    await turn.cancel()\n"
     )
     assert _task_rule_breaks(source) == [
         "2: create_task",
         "3: ensure_future",
+        "4: cancel not awaited",
         "5: cancel then gather",
+        "8: cancel not awaited",
         "9: cancel then gather",
+        "10: cancel not awaited",
     ]

@@ -81,7 +81,7 @@ class Heard:
 async def listen(listener: Listener, wake: WakePhrase, audio: np.ndarray) -> Heard:
     """``audio`` through ``listener`` in microphone blocks, each wake check awaited before the next block (as if
     it took no audio time: the decisions depend on the audio alone)."""
-    wake.reset()
+    await wake.reset()
     turns, woken, checks, check_s = [], 0, 0, 0.0
     wake.on_wake = lambda name: None
     for i in range(0, len(audio), BLOCK):

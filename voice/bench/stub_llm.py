@@ -15,13 +15,12 @@ detokenizer also sends about a word a chunk).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import re
 import time
 from typing import Any
 
-from voice.tasks import start
+from voice.tasks import cancel_and_wait, start
 
 TOKENS_PER_WORD = 1.3
 REPLY = (
@@ -97,7 +96,6 @@ class StubLLM:
                     return False
                 self._event(writer, {"choices": [{"index": 0, "delta": {"content": word}}]})
                 await writer.drain()
-            gone.cancel()
             used = round(len(words) * TOKENS_PER_WORD)
             self._event(
                 writer,
@@ -112,9 +110,7 @@ class StubLLM:
             self.closed.append(time.monotonic())
             return False
         finally:
-            gone.cancel()
-            with contextlib.suppress(asyncio.CancelledError, ConnectionError):
-                await gone
+            await cancel_and_wait(gone)
 
     @staticmethod
     def _event(writer: asyncio.StreamWriter, chunk: dict[str, Any]) -> None:

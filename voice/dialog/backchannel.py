@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 
 from voice.dialog.turn import Turn
 from voice.hearing.utterance import Utterance, UtteranceEnded
+from voice.tasks import cancel_and_wait
 
 # Acknowledgements, in the words Whisper writes them; multi-word ones are matched as phrases.
 BACKCHANNELS: frozenset[str] = frozenset(
@@ -159,15 +160,14 @@ class Hold:
     deciding: asyncio.Task[object] | None = None
     timer: asyncio.Task[object] | None = None  # dialog.backchannel_hold_s without a decision: a barge-in
 
-    def goes_on(self) -> None:
+    async def goes_on(self) -> None:
         """More speech while the last burst is being decided ("ha ... ha"): the bursts are judged together."""
-        if self.deciding is not None:
-            self.deciding.cancel()
-            self.deciding = None
+        deciding, self.deciding = self.deciding, None
+        await cancel_and_wait(deciding)
         if self.ended is not None:
             self.before.append(self.ended.utterance)
             self.ended = None
 
-    def stop_timer(self) -> None:
-        if self.timer is not None:
-            self.timer.cancel()
+    async def stop_timer(self) -> None:
+        timer, self.timer = self.timer, None
+        await cancel_and_wait(timer)

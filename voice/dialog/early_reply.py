@@ -65,7 +65,7 @@ class EarlyReply:
         """Until the reply has produced something or ended (a lockstep test holds the audio back until then)."""
         output = start(self._output.wait())
         await asyncio.wait({output, self._task}, return_when=asyncio.FIRST_COMPLETED)
-        output.cancel()
+        await cancel_and_wait(output)
 
     async def generated(self) -> str:
         """Until the whole reply is generated; its text so far (a lockstep test lets a guess run to its end)."""

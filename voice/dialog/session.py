@@ -28,6 +28,7 @@ import numpy as np
 
 from audio.sinks import HoldableSink
 from llm.settings import DecodeSettings
+from voice.dialog.ahead import WorkAhead
 from voice.dialog.backchannel import Hold, clearly_interrupts, is_backchannel
 from voice.dialog.home import action_setup
 from voice.dialog.host import Host
@@ -111,17 +112,14 @@ class Session:
         self._turn_ids = itertools.count(1)
         self._listen_trace: LatencyTrace | None = None
         self._turn: Turn | None = None
-        self._early: EarlyReply | None = None  # a reply started on the pause transcript (dialog.early_reply)
-        self.early_replies = {"started": 0, "adopted": 0}  # the rest were dropped; for benchmarks and tests
         self._hold: Hold | None = None  # a reply held by speech that may be a backchannel (dialog.backchannels)
         self.backchannels = {"held": 0, "resumed": 0, "interrupted": 0}  # for benchmarks and tests
         self.held_words: list[tuple[str, float | None, bool]] = []  # (words, voiced s, backchannel?) per verdict
         self.speak_replies = True  # voice turns answer aloud (False: text only, e.g. a websocket in text mode)
         self._closed = False
         self._carried: list[Utterance] = []  # turns handed over to the next utterance (Turn.hand_over)
+        self.ahead = WorkAhead(self.ctx, cfg.dialog, assistant.spawn, self._pause_decided)
         # prefill the system prompt while the user is still speaking: the first reply then pays only for its words
-        self._warm: asyncio.Task[object] | None = None
-        self._rewarm = False
         self._warm_idle()
 
     # ---- events and state -----------------------------------------------------------------------------------
@@ -193,7 +191,7 @@ class Session:
     async def _on_listen_event(self, event: ListenEvent) -> bool:
         if isinstance(event, SpeechStarted):
             if self._hold is not None:
-                self._hold.goes_on()
+                await self._hold.goes_on()
             elif self._turn is not None and self.replying:
                 if self._can_hold(self._turn):
                     self._start_hold(self._turn, event)
@@ -210,18 +208,18 @@ class Session:
             if self._hold is not None and clearly_interrupts(event.text, time.monotonic() - self._hold.since):
                 self.held_words.append((event.text, None, False))
                 await self._barge_in()
-            self._prefill(event.committed)
+            self.ahead.prefill_heard(event.committed, self.replying)
         elif isinstance(event, PauseHeard):
             pause = self.listener.vad.pause_since if self.listener.vad is not None else None
             if self._hold is not None and not self._hold.before and pause is not None:  # not if already going on
                 if self._judge(event.text, pause - self._hold.start_t):
                     self.listener.clear()  # the "mhm" is not a question to answer
-                    self._resume(event.text)
+                    await self._resume(event.text)
                     return True
                 await self._barge_in()
-            self._start_early(event.text)
+            self.ahead.start_reply(event.text, self.replying)
         elif isinstance(event, SpeechResumed):
-            await self._drop_early()  # the early reply answered a question not yet asked
+            await self.ahead.drop_reply()  # the early reply answered a question not yet asked
         elif isinstance(event, UtteranceEnded):
             if self._hold is not None:
                 self._hold.ended = event
@@ -259,7 +257,7 @@ class Session:
         if self._hold is not hold:
             return  # decided otherwise meanwhile (more speech, a cancel)
         if self._judge(text, sum(u.speech_end - u.speech_start for u in said)):
-            self._resume(text)
+            await self._resume(text)
         else:
             hold.deciding = None  # this task is the one deciding: _barge_in must not cancel it
             await self._barge_in()
@@ -272,10 +270,10 @@ class Session:
         log.debug("held speech", extra={"session": self.id, "text": text, "voiced_s": voiced_s, "backchannel": verdict})
         return verdict
 
-    def _resume(self, text: str) -> None:
+    async def _resume(self, text: str) -> None:
         hold, self._hold = self._hold, None
         assert hold is not None and isinstance(self.sink, HoldableSink)
-        hold.stop_timer()
+        await hold.stop_timer()
         self.sink.release()
         self._listen_trace = None
         self.backchannels["resumed"] += 1
@@ -291,10 +289,11 @@ class Session:
         if hold is None:
             return
         self.backchannels["interrupted"] += 1
-        hold.stop_timer()
+        await hold.stop_timer()
         self._carried.extend(hold.before)  # earlier bursts go with the speech that goes on, as a hand-over
         if hold.deciding is not None and hold.ended is not None:
-            hold.deciding.cancel()
+            deciding, hold.deciding = hold.deciding, None
+            await cancel_and_wait(deciding)
             self._carried.append(hold.ended.utterance)
         await self._interrupt()
 
@@ -310,63 +309,29 @@ class Session:
             "probability": u.probability,
         }
         self.emit(SpeechStopped(u.speech_end, cut=u.cut))
-        early, self._early = self._early, None
+        early = self.ahead.take_reply()
         before, self._carried = self._carried, []
         self._turn = Turn(self.ctx, "", trace, speak=self.speak_replies, utterance=u, early=early, before=before)
         self._turn.start()
 
-    def _prefill(self, committed: str) -> None:
-        """Work during speech: the committed words (they never change) go into the LLM caches now, right after
-        the Whisper pass that committed them, so the reply at the end of the turn prefills only the rest. One
-        prefill at a time, none while a reply runs; it yields to a reply at its next chunk."""
-        if (
-            not self.config.dialog.prefill_during_speech
-            or not committed
-            or self.replying
-            or self._early is not None
-            or (self._warm is not None and not self._warm.done())
-        ):
-            return
-        self._warm = self.assistant.spawn(self.conversation.warm(committed, self.listener.pause_decided))
-
     def _warm_idle(self) -> None:
-        """Prefill (and trim ahead) while nobody waits: at the start, when a reply's last token is out and when a
-        turn has committed. A call while a warm-up runs asks for one more pass after it (the history changed)."""
-        self._rewarm = True
-        if not self._closed and (self._warm is None or self._warm.done()):
-            self._warm = self.assistant.spawn(self._warm_passes())
+        self.ahead.warm_idle()
+
+    async def _pause_decided(self) -> None:
+        await self.listener.pause_decided()  # the listener of now (set_endpointing replaces it)
 
     async def warmed(self) -> None:
         """Wait until the background prefill is done (benchmarks and tests: how long the idle work takes)."""
-        while self._warm is not None and not self._warm.done():
-            await asyncio.shield(self._warm)
+        await self.ahead.warmed()
 
-    async def _warm_passes(self) -> None:
-        while self._rewarm and not self._closed:
-            self._rewarm = False
-            await self.conversation.warm(yield_to=self.listener.pause_decided)
-
-    def _start_early(self, text: str) -> None:
-        """The user paused and the transcript covers all their speech: start the reply now, while the end of the
-        turn is still being decided. Its tokens are held, not spoken, until the turn confirms the same words;
-        if the user goes on, or the final transcript differs, it is dropped and the history never sees it."""
-        if not self.config.dialog.early_reply or not text.strip() or self.replying or self._early is not None:
-            return
-        self._early = EarlyReply(self.ctx, text, on_adopt=self._count_adopted)
-        self.early_replies["started"] += 1
+    @property
+    def early_replies(self) -> dict[str, int]:
+        return self.ahead.early_replies
 
     @property
     def early_reply(self) -> EarlyReply | None:
         """The reply started on the pause transcript and not yet adopted or dropped, if any."""
-        return self._early
-
-    def _count_adopted(self) -> None:
-        self.early_replies["adopted"] += 1
-
-    async def _drop_early(self) -> None:
-        early, self._early = self._early, None
-        if early is not None:
-            await early.discard()
+        return self.ahead.reply
 
     async def end_utterance(self) -> bool:
         """End the user's speech now and answer it (a client that knows better than the VAD, or a manual
@@ -462,8 +427,8 @@ class Session:
         """Stop the reply in progress (and any early reply): the turn commits what was heard."""
         if (hold := self._hold) is not None:
             self._hold = None  # flushing the sink ends its hold too
-            hold.stop_timer()
-        await self._drop_early()
+            await hold.stop_timer()
+        await self.ahead.drop_reply()
         if self.sink is not None and self.replying:
             self.sink.flush()
         if self._turn is not None:
@@ -479,7 +444,7 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        await cancel_and_wait(self._warm)
+        await self.ahead.close()
         await self._interrupt()
         await self.listener.close()
         self._on_close(self)

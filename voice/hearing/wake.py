@@ -25,7 +25,7 @@ import numpy as np
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.wakeword import WakeWord
 from voice.hearing.whisper_faults import Word
-from voice.tasks import start
+from voice.tasks import cancel_and_wait, start
 
 if TYPE_CHECKING:
     from voice.hearing.stt import SpeechToText
@@ -92,13 +92,12 @@ class WakePhrase:
         keep = int(round((self._audio_end - t) * SPEECH_RATE))
         return self._audio[-keep:].copy() if keep > 0 else np.zeros(0, np.int16)
 
-    def reset(self) -> None:
+    async def reset(self) -> None:
         """Forget what was heard (the device woke by other means, or the audio jumped)."""
         self.detector.reset()
         self._stretch, self._checked_to = None, self._audio_end
-        if self._check is not None:
-            self._check.cancel()
-            self._check = None
+        check, self._check = self._check, None
+        await cancel_and_wait(check)
 
     @property
     def in_flight(self) -> asyncio.Task[float | None] | None:

@@ -218,7 +218,7 @@ class RemoteTranscription:
         getter = start(queue.get())
         done, _ = await asyncio.wait({getter, reader}, timeout=IDLE_S, return_when=asyncio.FIRST_COMPLETED)
         if getter not in done:
-            getter.cancel()
+            await cancel_and_wait(getter)
             if reader in done:
                 reader.result()  # raises the server's error
                 return None

@@ -19,7 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from voice.events import Event, ReplyAudio, TurnDone
-from voice.tasks import Tasks, start
+from voice.tasks import Tasks, cancel_and_wait, start
 from voice.transports.mqtt.payloads import Command
 
 log = logging.getLogger("specvoice.mqtt")
@@ -74,7 +74,7 @@ class CommandRunner:
     async def cancel(self, *, local: bool) -> None:
         """Stop the command in progress (and, for <p>/cancel, the local device's reply too)."""
         if self.current is not None and not self.current.done() and self.current_kind == "say":
-            self.current.cancel()  # a say ends here (an ask ends with its turn, as interrupted)
+            await cancel_and_wait(self.current)  # a say ends here (an ask ends with its turn, as interrupted)
         if self.current_session is not None:
             await self.current_session.cancel()
         for session in self.local if local else []:
@@ -90,7 +90,7 @@ class CommandRunner:
                 await asyncio.shield(self.current)
             except asyncio.CancelledError:
                 if not self.current.cancelled():  # the bridge itself is stopping
-                    self.current.cancel()
+                    await cancel_and_wait(self.current)
                     raise
             except Exception as exc:
                 log.exception("mqtt command failed", extra={"kind": command.kind})

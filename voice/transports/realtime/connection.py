@@ -331,8 +331,7 @@ class RealtimeConnection:
         current.cancel_reason = "client_cancelled"
         await self.session.cancel()  # the turn's TurnDone(interrupted) closes the response
         if self.responses.current is current:  # the turn had not started (waiting for a transcription)
-            if self._responding is not None:
-                self._responding.cancel()
+            await cancel_and_wait(self._responding)
             self.responses.close("cancelled")
 
     # ---- session events -------------------------------------------------------------------------------------

@@ -79,7 +79,7 @@ class Routed:
             while not task.done():
                 woken = start(collector.woken.wait())
                 await asyncio.wait({task, woken}, return_when=asyncio.FIRST_COMPLETED)
-                woken.cancel()
+                await cancel_and_wait(woken)
                 collector.woken.clear()
                 if on_text is not None and (text := collector.take_text()):
                     await on_text(text)
