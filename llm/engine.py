@@ -84,6 +84,8 @@ class ContextLimitError(ValueError):
 class Engine:
     """A target model, an optional draft, and the one worker thread that runs them."""
 
+    concurrent = False  # one reply at a time on this machine: the assistant queues sessions' turns
+
     def __init__(
         self,
         target_model,

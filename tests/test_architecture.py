@@ -202,6 +202,79 @@ def test_the_any_finder_finds_any():
     assert _annotations_with_any(source) == ["2: x", "3: y", "4: f(a)", "4: f returns"]
 
 
+def _probes(source: str) -> list[str]:
+    """``line: getattr`` / ``line: hasattr`` for every probe of an object for an ability."""
+    return [
+        f"{node.lineno}: {node.func.id}"
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("getattr", "hasattr")
+    ]
+
+
+def test_the_dialog_never_probes_a_port_for_an_ability():
+    """An optional ability is a typed protocol checked once where the chat is built (``voice.ports.LocalChat``,
+    ``ChatEngine.concurrent``), so mypy sees every use of it; a ``getattr`` at a call site hides it."""
+    paths = sorted((ROOT / "voice" / "dialog").glob("*.py")) + [
+        ROOT / "voice" / "assistant.py",
+        ROOT / "voice" / "ports.py",
+    ]
+    offenders = {str(p.relative_to(ROOT)): found for p in paths if (found := _probes(p.read_text()))}
+    assert offenders == {}
+
+
+def test_the_probe_finder_finds_probes():
+    source = "def f(chat):\n    if hasattr(chat, 'tools'):\n        return getattr(chat, 'constrain', None)\n"
+    assert _probes(source) == ["2: hasattr", "3: getattr"]
+
+
+_HISTORY_WRITES = ("append", "extend", "insert", "pop", "remove", "clear", "sort", "reverse")
+
+
+def _history_writes(source: str) -> list[str]:
+    """``line: what`` for every write to a chat's ``messages`` list other than through the chat's own methods."""
+
+    def is_messages(node: ast.expr) -> bool:
+        return isinstance(node, ast.Attribute) and node.attr == "messages"
+
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and is_messages(node.func.value):
+            found += [f"{node.lineno}: messages.{node.func.attr}"] if node.func.attr in _HISTORY_WRITES else []
+        targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else []
+        targets += [node.target] if isinstance(node, ast.AugAssign | ast.AnnAssign) else []
+        written = [t for t in targets if isinstance(t, ast.Subscript) and is_messages(t.value)]
+        found += [f"{node.lineno}: messages[...] written" for _ in written]
+    return sorted(found, key=lambda s: int(s.split(":")[0]))
+
+
+def test_the_history_is_written_only_through_its_own_methods():
+    """llm/history.py keeps the commit rules (one reply at a time, written once with what was heard); a caller
+    that edits ``messages`` directly can break them. voice/ reads the list and writes through the chat."""
+    offenders = {
+        str(path.relative_to(ROOT)): found
+        for path in sorted((ROOT / "voice").rglob("*.py"))
+        if (found := _history_writes(path.read_text()))
+    }
+    assert offenders == {}
+
+
+def test_the_history_rule_finds_direct_writes():
+    source = (
+        "def f(chat, m):\n"
+        "    chat.messages.extend([m])\n"
+        "    chat.conversation.messages.insert(0, m)\n"
+        "    chat.messages[:] = [m]\n"
+        "    del chat.messages[0]\n"
+        "    n = len(chat.messages)\n"
+    )
+    assert _history_writes(source) == [
+        "2: messages.extend",
+        "3: messages.insert",
+        "4: messages[...] written",
+        "5: messages[...] written",
+    ]
+
+
 # ---- tasks: one way to start a task and one way to stop it (voice/tasks.py) ---------------------------------
 
 

@@ -176,7 +176,7 @@ class Assistant:
         """One generation at a time, whole turns first come first served (asyncio.Lock wakes waiters in FIFO
         order). One lock per event loop, so an Assistant can outlive a loop (tests, embedding). With a remote LLM
         (``engine.concurrent``) each session gets its own lock: the server schedules, we must not serialise."""
-        if getattr(self.engine, "concurrent", False):
+        if self.engine.concurrent:
             return asyncio.Lock()  # a remote server batches sessions itself: each session only orders its own turns
         loop = asyncio.get_running_loop()
         if self._turn_lock is None or self._turn_lock[0] is not loop:

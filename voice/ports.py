@@ -25,7 +25,16 @@ import numpy as np
 from audio.sinks import AudioSink
 from llm.settings import HISTORY_TOKENS, DecodeSettings, DecodeStats, Emission
 
-__all__ = ["AudioSink", "Chat", "ChatEngine", "SpeechRecognizer", "SpeechSynthesizer", "Tool", "Transcription"]
+__all__ = [
+    "AudioSink",
+    "Chat",
+    "ChatEngine",
+    "LocalChat",
+    "SpeechRecognizer",
+    "SpeechSynthesizer",
+    "Tool",
+    "Transcription",
+]
 
 Tool = dict[str, Any]  # a function the model may call, in the chat template's form: {"type": "function", ...}
 
@@ -36,10 +45,11 @@ class Chat(Protocol):
     A voice turn streams ``reply(..., commit=False)`` and then writes the exchange once: ``commit`` with the words
     the user heard, or ``discard`` (a reply started early on a guess). Every ``reply`` is an async generator: a
     turn closes it the moment it stops listening (``voice.dialog.turn.close_reply``), so the chat is free
-    at once."""
+    at once. Nothing else writes the history: a new system prompt, a message in the template's form (a tool
+    call), a client's edits and a fresh start each have their method."""
 
     @property
-    def messages(self) -> list[dict[str, Any]]: ...
+    def messages(self) -> Sequence[dict[str, Any]]: ...  # read here; written only by the methods below
     @property
     def uncommitted(self) -> bool: ...
     @property
@@ -51,11 +61,30 @@ class Chat(Protocol):
     def commit(self, heard_text: str) -> None: ...
     def discard(self) -> None: ...
     def trim_last_reply(self, spoken_text: str) -> None: ...
+    def set_system(self, prompt: str) -> None: ...
+    def add(self, message: dict[str, Any]) -> None: ...
+    def insert(self, message: dict[str, Any], after: dict[str, Any] | None = None) -> None: ...
+    def remove(self, message: dict[str, Any]) -> bool: ...
+    def forget(self) -> None: ...
     async def warm(self, user_start: str = "", yield_to: Callable[[], Awaitable[None]] | None = None) -> int: ...
 
 
+@runtime_checkable
+class LocalChat(Chat, Protocol):
+    """A chat whose prompt this process builds from its chat template (the local engines, not a server): it can
+    be given ``tools`` in the template's form, and its next reply can be ``constrain``-ed to choices after a
+    trigger (llm/constrain.py). A session checks for it once, where it builds its chat."""
+
+    tools: list[Tool] | None
+
+    def constrain(self, trigger: str, choices: list[str], opening: Sequence[str] = ()) -> object: ...
+
+
 class ChatEngine(Protocol):
-    """An LLM that holds conversations: loaded once by the assistant, one ``Chat`` per session."""
+    """An LLM that holds conversations: loaded once by the assistant, one ``Chat`` per session. ``concurrent``:
+    it schedules many sessions' replies itself (a server), so the assistant does not queue them."""
+
+    concurrent: bool
 
     def conversation(self, system_prompt: str, history_tokens: int = HISTORY_TOKENS) -> Chat: ...
 

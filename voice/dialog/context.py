@@ -13,7 +13,7 @@ from voice.dialog.actions import KEYWORD
 from voice.dialog.home import Home, marker_choices
 from voice.events import Event, State
 from voice.latency import LatencyStats
-from voice.ports import AudioSink, Chat, SpeechSynthesizer, Tool
+from voice.ports import AudioSink, Chat, LocalChat, SpeechSynthesizer, Tool
 from voice.speaking.chunker import Chunker
 
 
@@ -36,6 +36,7 @@ class TurnContext:
     home: Home | None = None  # named devices: grounds the reply's actions, shows state when asked
     resolve_device: Callable[[str], str] | None = None  # actions as control_device calls (name -> topic); None: markers
     constrained: bool = False  # markers whose command is a constrained decode (mqtt.action_format = "constrained")
+    local: LocalChat | None = None  # the conversation, when its prompt is built here (it can be constrained)
     session_id: str = ""
     warm: Callable[[], None] = lambda: None  # prefill the history while nobody waits (the session's warm-up)
     tools: list[Tool] | None = None  # functions the model may call (Session.set_tools): not spoken
@@ -47,7 +48,8 @@ class TurnContext:
 def asked(ctx: TurnContext, text: str, spoken: bool) -> str | None:
     """The user's words as the model gets them: with the state of the devices asked about, when they ask. In the
     constrained format, after "[ACTION" the reply can then only go on with a command the grounding would let
-    through, and a command the words decide alone opens it (``marker_choices``); a remote model has no ``constrain``."""
-    if ctx.constrained and ctx.allowed_actions and (set_up := getattr(ctx.conversation, "constrain", None)):
-        set_up(f"[{KEYWORD}", *marker_choices(ctx.home, text, ctx.conversation.messages, spoken))
+    through, and a command the words decide alone opens it (``marker_choices``); a remote model has no
+    ``constrain`` (it is no ``LocalChat``)."""
+    if ctx.constrained and ctx.allowed_actions and ctx.local is not None:
+        ctx.local.constrain(f"[{KEYWORD}", *marker_choices(ctx.home, text, ctx.conversation.messages, spoken))
     return (ctx.home.annotate(text, ctx.conversation.messages, spoken) if ctx.home is not None else text) or None

@@ -22,7 +22,7 @@ import itertools
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -48,7 +48,7 @@ from voice.events import (
 from voice.hearing.listener import Listener
 from voice.hearing.utterance import ListenEvent, Utterance, UtteranceEnded
 from voice.latency import LatencyTrace
-from voice.ports import AudioSink, Tool
+from voice.ports import AudioSink, LocalChat, Tool
 from voice.tasks import cancel_and_wait
 
 log = logging.getLogger("specvoice.session")
@@ -81,14 +81,15 @@ class Session:
         self._actions_prompt, self._base_prompt = setup.prompt, setup.base
         self.conversation = assistant.engine.conversation(setup.system_prompt, cfg.dialog.history_tokens)
         self._action_tools: list[Tool] = setup.tools  # before any client's own tools
+        # what only a chat whose prompt is built here can do (tools in its template, a constrained reply)
+        self._local: LocalChat | None = chat if isinstance(chat := self.conversation, LocalChat) else None
         if setup.tools:
-            if not hasattr(self.conversation, "tools"):
+            if self._local is None:
                 raise ValueError(
                     "mqtt.action_format = 'tools' needs a model whose chat template this process applies (a local "
                     "llm.engine); fix: set mqtt.action_format = 'markers'"
                 )
-            self.conversation.tools = list(setup.tools)
-        self._system: dict | None = self.conversation.messages[0] if self.conversation.messages else None
+            self._local.tools = list(setup.tools)
         self.listener: Listener = assistant.listener(endpointing=endpointing)
         self.ctx = TurnContext(
             conversation=self.conversation,
@@ -106,6 +107,7 @@ class Session:
             home=self.home,
             resolve_device=setup.resolve,
             constrained=setup.constrained,
+            local=self._local,
             session_id=self.id,
             warm=self._warm_idle,
         )
@@ -125,7 +127,7 @@ class Session:
     # ---- events and state -----------------------------------------------------------------------------------
 
     @property
-    def history(self) -> list[dict]:
+    def history(self) -> Sequence[dict]:
         return self.conversation.messages
 
     @property
@@ -146,8 +148,8 @@ class Session:
     @tools.setter
     def tools(self, tools: list[Tool] | None) -> None:
         self.ctx.tools = tools
-        if hasattr(self.conversation, "tools"):
-            self.conversation.tools = [*self._action_tools, *(tools or [])] or None
+        if self._local is not None:
+            self._local.tools = [*self._action_tools, *(tools or [])] or None
 
     @property
     def replying(self) -> bool:
@@ -402,13 +404,7 @@ class Session:
         """The system prompt from now on (a websocket client's ``instructions``; None: the configured one). The
         home-action commands stay appended: they are the only way the model knows them. The caches keep what
         still matches, and the new prompt is prefilled now if the session is idle."""
-        prompt = ((self._base_prompt if text is None else text) + self._actions_prompt).strip()
-        messages = self.conversation.messages
-        if self._system is None or not any(m is self._system for m in messages):
-            self._system = {"role": "system", "content": prompt}
-            messages.insert(0, self._system)
-        else:
-            self._system["content"] = prompt
+        self.conversation.set_system(((self._base_prompt if text is None else text) + self._actions_prompt).strip())
         if not self.replying:
             self._warm_idle()
 

@@ -20,6 +20,7 @@ import time
 from collections.abc import Sequence
 
 from audio.resample import resample
+from llm.remote_errors import RemoteLLMError
 from voice import tasks
 from voice.dialog.actions import ACTION_TOOL, ActionParser, take_action_calls
 from voice.dialog.context import TurnContext, asked
@@ -185,9 +186,10 @@ class Turn:
         """An LLM that failed with something to tell the user (a remote server down, busy or slow: the error's
         ``spoken`` sentence) says it, after whatever of the reply was heard. It is not part of the reply: the
         history never sees it. A barge-in stops it like any speech."""
-        spoken = getattr(error.__cause__, "spoken", None)
-        if error.stage != "llm" or not isinstance(spoken, str) or not self.speak:
+        cause = error.__cause__
+        if error.stage != "llm" or not isinstance(cause, RemoteLLMError) or not self.speak:
             return
+        spoken = cause.spoken
         try:
             await self._speak_fragment(SpokenFragment(spoken, start_sample=self.outcome.samples_out), sink)
             if sink is not None:
@@ -258,7 +260,8 @@ class Turn:
             calls = self._tools.calls if self._tools is not None and complete else []
             self._committed = outcome.raw.strip() if complete and not calls else heard
             ctx.conversation.commit(self._committed)
-            ctx.conversation.messages.extend([call_message(heard, calls)] if calls else [])  # the template's form
+            if calls:
+                ctx.conversation.add(call_message(heard, calls))  # the template's form
             self._committed = self._committed or None
         stats = ctx.conversation.last_stats if self._commits else None
         trace.extra.update({"interrupted": self.interrupted, "decoder": stats.to_dict() if stats is not None else None})

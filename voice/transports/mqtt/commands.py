@@ -160,5 +160,4 @@ class CommandRunner:
 def forget_history(session: Any) -> None:
     """A fresh conversation on a kept session: only the system prompt stays (its KV cache stays warm; the rest
     of the caches falls outside the next prompt's common prefix and is cropped)."""
-    messages = session.conversation.messages
-    messages[:] = [m for m in messages if m["role"] == "system"]
+    session.conversation.forget()

@@ -21,6 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from voice.ports import Chat
 from voice.transports.realtime.events import Item
 from voice.transports.realtime.wire import ClientError
 
@@ -57,7 +58,7 @@ class Entry:
 class Items:
     """The item store of one connection, and the queue of edits to its conversation's messages."""
 
-    def __init__(self, conversation: Any, busy: Callable[[], bool], *, max_items: int, max_chars: int) -> None:
+    def __init__(self, conversation: Chat, busy: Callable[[], bool], *, max_items: int, max_chars: int) -> None:
         self.conversation = conversation
         self.busy = busy  # a turn (or an early reply) is running: edits to the messages must wait
         self.max_items, self.max_chars = max_items, max_chars
@@ -136,20 +137,12 @@ class Items:
             self.entries.move_to_end(key)
 
     def _insert(self, message: dict[str, Any], anchor: Entry | str | None) -> None:
-        messages = self.conversation.messages
-        first = 1 if self._system is not None else 0
         if anchor == "root":
-            messages.insert(first, message)
-        elif isinstance(anchor, Entry) and anchor.message is not None and self._index(anchor.message) is not None:
-            messages.insert(self._index(anchor.message) + 1, message)  # type: ignore[operator]
+            self.conversation.insert(message)
+        elif isinstance(anchor, Entry) and anchor.message is not None:
+            self.conversation.insert(message, after=anchor.message)  # at the end when that one is gone
         else:
-            messages.append(message)
-
-    def _index(self, message: dict[str, Any]) -> int | None:
-        for i, m in enumerate(self.conversation.messages):
-            if m is message:
-                return i
-        return None
+            self.conversation.add(message)
 
     def _is_item(self, message: dict[str, Any]) -> bool:
         return any(e.message is message for e in self.entries.values())
@@ -162,9 +155,7 @@ class Items:
 
         def remove() -> None:
             if entry.message is not None:
-                index = self._index(entry.message)
-                if index is not None:
-                    del self.conversation.messages[index]
+                self.conversation.remove(entry.message)
 
         self._queue.append((remove, None))
         self.settle()
@@ -225,15 +216,14 @@ class Items:
             oldest = next(iter(self.entries))
             entry = self.entries.pop(oldest)
             if entry.message is not None and not self.busy():
-                index = self._index(entry.message)
-                if index is not None:
-                    del self.conversation.messages[index]
+                self.conversation.remove(entry.message)
         if self.busy():
             return
         messages = self.conversation.messages
         first = 1 if self._system is not None else 0
         while len(messages) - first > 1 and sum(len(str(m.get("content") or "")) for m in messages) > self.max_chars:
-            dropped = messages.pop(first)
+            dropped = messages[first]
+            self.conversation.remove(dropped)
             text = dropped.get("content")
             for entry in self.entries.values():
                 if entry.message is dropped:
