@@ -181,6 +181,7 @@ def context(home: Home, chat: ScriptedChat, emit, action_format: str = "tools", 
         home=home,
         resolve_device=home.resolve if action_format == "tools" else None,
         constrained=action_format == "constrained",
+        local=chat,  # it can be constrained, as a local model's chat can
         tools=tools,
     )
 

@@ -12,7 +12,7 @@ from voice.config_servers import HomeDeviceConfig, MQTTConfig
 from voice.dialog.answers import Answer
 from voice.dialog.devices import HomeDevice
 from voice.dialog.home import Home
-from voice.dialog.rehearing import rehear
+from voice.dialog.rehearing import ANSWER_MARGIN, CHOSEN_FLOOR, rehear
 from voice.dialog.understanding import Act
 from voice.hearing.stt import SpeechToText
 from voice.hearing.whisper_faults import (
@@ -27,7 +27,8 @@ from voice.hearing.whisper_faults import (
     ran_on,
 )
 from voice.models import ModelError, resolve
-from voice.speechset import voices
+from voice.roomset import parse
+from voice.speechset import framed, voices
 
 from speech import SENTENCES, espeak, heard_as, normalize_words, piper, silence, voiced_bounds, wer
 
@@ -451,6 +452,25 @@ async def test_a_yes_the_audio_fits_about_as_well_as_a_no_is_taken_as_the_no(stt
     assert home.grammar.answers.read(heard, ["ON", "OFF"]) == Answer(True), heard
     assert await rehear(home, heard, asked, stream) == heard  # the audio fits its yes far better than any no
     assert await rehear(home, heard, [], stream) == heard  # no question back: nothing to weigh
+
+
+async def test_an_answer_chosen_for_garbled_words_that_the_audio_fits_loosely_does_nothing(stt):
+    """In a room, "yeah close it" to "Do you want the garage door open?" was heard as words that answer nothing;
+    "Yes, please." fitted the audio closest of the expected answers, and the door was opened. A chosen answer
+    that acts must fit the audio at least ``CHOSEN_FLOOR``: this one does not, so it is taken as a no."""
+    home, asked = _home(), [{"role": "assistant", "content": "Do you want the garage door open?"}]
+    voice = voices("espeak-caribbean")[0]
+    heard = parse("kitchen-3m").hear(framed("close", voice, "yeah close it", voice.speak("yeah close it")))
+    stream = stt.stream()
+    stream.add(heard.audio)
+    text = await stream.final()
+    assert home.grammar.answers.read(text, ["OPEN", "CLOSE"]) is None, text  # heard as no answer at all
+    expected = home.answers(text, asked)
+    own, *fits = await stream.fits([text, *expected])
+    assert max(fits) >= own - ANSWER_MARGIN and expected[fits.index(max(fits))] == "Yes, please.", (text, own, fits)
+    assert max(fits) < CHOSEN_FLOOR  # before the floor this yes was chosen, and it opened the door
+    chosen = await rehear(home, text, asked, stream)
+    assert home.grammar.answers.read(chosen, ["OPEN", "CLOSE"]) == Answer(False), chosen
 
 
 async def test_a_value_the_audio_fits_about_as_well_as_another_value_does_nothing(stt):

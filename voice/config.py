@@ -186,8 +186,8 @@ class DialogConfig(_Section):
     )
     prefill_during_speech: bool = Field(
         True,
-        description="prefill the LLM caches with the committed words while "
-        "the user still speaks (between Whisper passes)",
+        description="prefill the LLM caches with the words heard so far while the user still speaks "
+        "(after each Whisper pass; a word heard otherwise later costs only the tokens from it on)",
     )
     backchannels: bool = Field(
         True,

@@ -92,7 +92,7 @@ class HomeRunner:
     async def run(self, case: Case, wav: Path | None = None) -> Result:
         from voice.transports.mqtt.commands import forget_history
 
-        forget_history(self.session)
+        await forget_history(self.session)
         if self.assistant.home is not None:  # what the MQTT bridge would have heard on the state topics
             self.assistant.home.states.clear()
             self.assistant.home.states.update(case.state)

@@ -146,6 +146,9 @@ async def _run(config, args: argparse.Namespace) -> int:
                         "end_of_turn": done.trace.get("end_of_turn"),
                         "tokens_per_s": decoder.get("tokens_per_s"),
                         "ttft_s": decoder.get("ttft_s"),
+                        # prompt tokens the reply still had to prefill (the rest was cached while the user spoke)
+                        "prefill_tokens": decoder.get("prefill_tokens"),
+                        "prompt_tokens": decoder.get("prompt_tokens"),
                     }
                 )
     if len(conditions) > 1 or conditions[0].name != "clean":

@@ -36,19 +36,14 @@ class WorkAhead:
 
     # ---- the caches ------------------------------------------------------------------------------------------
 
-    def prefill_heard(self, committed: str, replying: bool) -> None:
-        """The committed words (they never change) go into the LLM caches now, right after the Whisper pass that
-        committed them, so the reply at the end of the turn prefills only the rest. One prefill at a time, none
-        while a reply runs; it yields to a reply at its next chunk."""
-        if (
-            not self.dialog.prefill_during_speech
-            or not committed
-            or replying
-            or self._early is not None
-            or self._warming
-        ):
+    def prefill_heard(self, heard: str, replying: bool) -> None:
+        """The words heard so far go into the LLM caches now, right after the Whisper pass that heard them, so the
+        reply at the end of the turn prefills only what changed since: the caches keep the prompt's common
+        prefix, and a word the next pass hears otherwise costs only the tokens from it on. One prefill at a
+        time, none while a reply runs; it yields to a reply at its next chunk."""
+        if not self.dialog.prefill_during_speech or not heard or replying or self._early is not None or self._warming:
             return
-        self._warm = self._spawn(self.ctx.conversation.warm(committed, self._yield_to))
+        self._warm = self._spawn(self.ctx.conversation.warm(heard, self._yield_to))
 
     def warm_idle(self) -> None:
         """Prefill (and trim ahead) while nobody waits: at the start, when a reply's last token is out and when a

@@ -3,11 +3,11 @@ those against the utterance's audio (teacher-forced, ``Transcription.fits``), as
 that the audio fits about as well as Whisper's own words replaces them.
 
 Three such places, all only for speech: an answer to a question back that the words heard do not read as one
-(``Home.answers``: a short answer in an accent Whisper knows little is often heard as other words); a yes or a
-value answering a question back, weighed against the noes and the other values (``Home.rivals``: such an answer
-acts, so one that may have been something else must not); and a command whose device name was heard as other
-words (``Home.renamings``). A name chosen so is a guess: the grounding asks back before anything is done
-(``Home.hear``).
+(``Home.answers``: a short answer in an accent Whisper knows little is often heard as other words; one chosen so
+that would act must also fit the audio well in itself, ``CHOSEN_FLOOR``); a yes or a value answering a question
+back, weighed against the noes and the other values (``Home.rivals``: such an answer acts, so one that may have
+been something else must not); and a command whose device name was heard as other words (``Home.renamings``).
+A name chosen so is a guess: the grounding asks back before anything is done (``Home.hear``).
 """
 
 from __future__ import annotations
@@ -30,6 +30,11 @@ ANSWER_MARGIN = 1.5
 # that named no device: 16 of the 21 commands no spelling guessed got their own device, none another, and 4 of 120
 # other utterances got a guess (asked back, never done: mostly state questions heard without their question word).
 NAME_MARGIN, NAME_APART = 1.0, 0.5
+# An answer chosen for words that answered nothing acts only when the audio fits it at least this well (mean
+# token log-probability): a garbled answer in a noisy room was otherwise taken for a yes it was not. Set on the
+# tuning half of the case file's answers in the tuning rooms (docs/benchmarks.md, "An answer the audio fits
+# loosely"); a chosen no is kept whatever its fit, as it does nothing.
+CHOSEN_FLOOR = -2.0
 # A heard yes or value is taken for a no when the audio fits a no, or another value, at most this far under the
 # words heard: set on the tuning half of the case file's answers so that answers really said keep their words
 # (docs/benchmarks.md, "A value the audio cannot tell from another").
@@ -51,6 +56,10 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
         if fits[best] < own - ANSWER_MARGIN:
             return text
         text = expected[best]  # an answer chosen so is weighed against its rivals too, as one heard
+        noes, _ = home.rivals(text, history)
+        if noes and fits[best] < CHOSEN_FLOOR:
+            log.info("an answer the audio fits loosely: taken as no", extra={"text": text, "fit": fits[best]})
+            return noes[0]
     noes, others = home.rivals(text, history)
     if noes:
         return await _undoubted(text, noes, others, transcription)

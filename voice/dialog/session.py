@@ -210,7 +210,7 @@ class Session:
             if self._hold is not None and clearly_interrupts(event.text, time.monotonic() - self._hold.since):
                 self.held_words.append((event.text, None, False))
                 await self._barge_in()
-            self.ahead.prefill_heard(event.committed, self.replying)
+            self.ahead.prefill_heard(event.text, self.replying)
         elif isinstance(event, PauseHeard):
             pause = self.listener.vad.pause_since if self.listener.vad is not None else None
             if self._hold is not None and not self._hold.before and pause is not None:  # not if already going on

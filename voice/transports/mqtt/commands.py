@@ -100,13 +100,13 @@ class CommandRunner:
             finally:
                 self.current_session = None
 
-    def session_for(self, command: Command) -> Any:
+    async def session_for(self, command: Command) -> Any:
         now = time.monotonic()
         if command.kind == "ask" and command.conversation is not None:
             key = command.conversation
             session, last = self.conversations.pop(key, (None, now))
             if session is not None and now - last > self.cfg.conversation_idle_s:
-                forget_history(session)
+                await forget_history(session)
             if session is None:
                 session = self._new_session(f"mqtt-{key}")
                 while len(self.conversations) >= self.cfg.max_conversations:
@@ -115,14 +115,14 @@ class CommandRunner:
             self.conversations[key] = (session, now)
             return session
         if command.kind == "ask":
-            forget_history(self.speaker)
+            await forget_history(self.speaker)
         return self.speaker
 
     async def _run(self, command: Command) -> None:
         bridge, topics = self.bridge, self.bridge.topics
         self._audio_samples = 0
         rate = bridge.assistant.tts_sample_rate
-        session = self.current_session = self.session_for(command)
+        session = self.current_session = await self.session_for(command)
         if command.kind == "say":
             interrupted = False
             self.saying.add(session.id)
@@ -157,7 +157,9 @@ class CommandRunner:
         )
 
 
-def forget_history(session: Any) -> None:
+async def forget_history(session: Any) -> None:
     """A fresh conversation on a kept session: only the system prompt stays (its KV cache stays warm; the rest
-    of the caches falls outside the next prompt's common prefix and is cropped)."""
+    of the caches falls outside the next prompt's common prefix and is cropped). A reply still running (the
+    device's own turn, a turn the room kept open) is stopped first, as the new question would stop it."""
+    await session.cancel()
     session.conversation.forget()
