@@ -26,7 +26,6 @@ from voice.dialog.actions import ActionParser
 from voice.dialog.home import Home as NamedHome
 from voice.events import ActionRequested
 from voice.transports.mqtt.bridge import MqttBridge
-from voice.transports.mqtt.commands import forget_history
 
 from broker import Broker, Home, make_tls_files
 
@@ -489,25 +488,3 @@ async def test_last_will_says_offline_when_the_process_is_killed(broker, tmp_pat
     # the will was retained: a client that connects afterwards sees the bridge offline
     async with Home(broker, ("specvoice/availability",), identifier="later") as later:
         assert await later.wait_for("specvoice/availability", timeout=10) == "offline"
-
-
-async def test_a_fresh_conversation_stops_a_reply_still_running_first(assistant):
-    """An ask without a conversation starts the speaker's history afresh; a reply of that session still running
-    (the device answering someone, a turn a noisy room kept open) is stopped first, then only the system prompt
-    stays, and the next question is answered."""
-    sink = WavSink(None, assistant.tts_sample_rate, realtime=True)  # the reply plays at a speaker's pace
-    session = assistant.session(sink=sink)
-    running = asyncio.create_task(session.ask("Tell me a long story about a lighthouse keeper."))
-    for _ in range(3000):
-        if session.replying and sink.played_samples > 0:
-            break
-        await asyncio.sleep(0.01)
-    assert session.replying and session.conversation.uncommitted  # the reply is streaming
-    await forget_history(session)
-    done = await running
-    assert done.interrupted
-    assert [m["role"] for m in session.history] == ["system"]
-    answer = await session.ask("What colour is the sky on a clear day?", speak=False)
-    assert answer.reply.strip() and [m["role"] for m in session.history] == ["system", "user", "assistant"]
-    await session.close()
-    sink.close()
