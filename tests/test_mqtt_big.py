@@ -16,6 +16,7 @@ from voice.assistant import Assistant
 from voice.config import load_config
 from voice.config_servers import HomeDeviceConfig
 from voice.events import ActionRequested, TurnDone
+from voice.hearing.stt import SpeechToText
 from voice.transports.mqtt.bridge import MqttBridge
 
 from broker import Broker, Home
@@ -102,7 +103,9 @@ async def test_an_eager_reply_the_user_talks_past_publishes_nothing(assistant, c
     ]
     patient.turn.threshold = 0.999  # every pause sounds unfinished: the turn waits turn.max_silence_ms
     patient.turn.max_silence_ms = patient.vad.end_silence_ms = 1500
-    home_assistant = Assistant(patient, assistant.engine, assistant.stt, assistant.tts, assistant.vad_path)
+    # the recogniser told this home's names, as a user's is (stt.hotwords from mqtt.devices)
+    ears = SpeechToText.from_config(patient)
+    home_assistant = Assistant(patient, assistant.engine, ears, assistant.tts, assistant.vad_path)
 
     def say(text: str) -> np.ndarray:
         return resample(np.concatenate(list(assistant.tts.synthesize(text))), assistant.tts_sample_rate, SPEECH_RATE)

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 
 from llm.settings import DecodeSettings
-from voice.config import Config, stt_hotwords
+from voice.config import Config
 from voice.dialog.home import Home
 from voice.dialog.session import Session
 from voice.events import Event, EventHandler
@@ -100,12 +100,7 @@ class Assistant:
             for kind in ("stt", "tts", "turn")
         }
         if stt is None:
-            stt = SpeechToText(
-                resolve(m.stt, "stt", m.cache_dir),
-                config.stt,
-                executor=workers["stt"],
-                hotwords=stt_hotwords(config.stt, config.mqtt),
-            )
+            stt = SpeechToText.from_config(config, executor=workers["stt"])
         if tts is None:
             tts = TextToSpeech(resolve(m.tts, "tts", m.cache_dir), config.tts, executor=workers["tts"])
         vad_path = str(resolve(m.vad, "vad", m.cache_dir).path) if config.vad.engine == "silero" else ""

@@ -29,16 +29,11 @@ async def transcribe_file(config: Any, path: str) -> list[str]:
     """Play the file through the ears a microphone uses (real-time paced blocks -> the Listener), printing the
     partial transcripts live and a final line per utterance."""
     from audio.sources import WavSource
-    from voice.config import stt_hotwords
     from voice.hearing.listener import Listener
     from voice.hearing.stt import SpeechToText
     from voice.hearing.utterance import UtteranceEnded
 
-    stt = SpeechToText(
-        resolve(config.models.stt, "stt", config.models.cache_dir),
-        config.stt,
-        hotwords=stt_hotwords(config.stt, config.mqtt),
-    )
+    stt = SpeechToText.from_config(config)
     listener = Listener.from_config(config, stt)
     source = WavSource(path, block_ms=config.audio.block_ms, tail_silence_ms=config.vad.end_silence_ms + 200)
     finals = []

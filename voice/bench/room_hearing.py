@@ -126,11 +126,9 @@ def table(results: dict, front_ends: list[str]) -> str:
 
 
 def _stt(config: Any) -> Any:
-    from voice.config import stt_hotwords
     from voice.hearing.stt import SpeechToText
 
-    model = resolve(config.models.stt, "stt", config.models.cache_dir)
-    return SpeechToText(model, config.stt, hotwords=stt_hotwords(config.stt, config.mqtt))
+    return SpeechToText.from_config(config)
 
 
 def echo_main(config: Any, out: Path) -> int:

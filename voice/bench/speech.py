@@ -78,14 +78,9 @@ async def hear_file(config: Any, stt: Any, path: Path) -> list[dict[str, Any]]:
 
 
 async def bench_stt(config, sentences: list[str], lead_ms: int = 500) -> dict:
-    from voice.config import stt_hotwords
     from voice.hearing.stt import SpeechToText
 
-    stt = SpeechToText(
-        resolve(config.models.stt, "stt", config.models.cache_dir),
-        config.stt,
-        hotwords=stt_hotwords(config.stt, config.mqtt),
-    )
+    stt = SpeechToText.from_config(config)
     await stt.transcribe(espeak_utterance("warm up"))  # first pass allocates; not part of the figures
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

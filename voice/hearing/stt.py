@@ -60,7 +60,7 @@ from typing import Any
 import numpy as np
 
 from audio.frames import SPEECH_RATE
-from voice.config import STTConfig
+from voice.config import Config, STTConfig, stt_hotwords
 from voice.hearing.whisper_faults import (
     Word,
     cut_pile,
@@ -72,7 +72,7 @@ from voice.hearing.whisper_faults import (
     quiet_after,
     ran_on,
 )
-from voice.models import ModelError, Resolved, hub_error
+from voice.models import ModelError, Resolved, hub_error, resolve
 
 log = logging.getLogger("specvoice.stt")
 
@@ -165,6 +165,12 @@ class SpeechToText:
         self._lock = threading.Lock()
         self.passes = 0  # decoder passes run, for benchmarks and tests
         self.decoded_s = 0.0  # audio seconds decoded
+
+    @classmethod
+    def from_config(cls, config: Config, executor: Executor | None = None) -> SpeechToText:
+        """The recogniser a whole config asks for: models.stt, the stt settings, and the home's names as hotwords."""
+        model = resolve(config.models.stt, "stt", config.models.cache_dir)
+        return cls(model, config.stt, executor=executor, hotwords=stt_hotwords(config.stt, config.mqtt))
 
     def stream(self) -> StreamingTranscription:
         return StreamingTranscription(self)
