@@ -390,7 +390,8 @@ def test_a_question_back_left_without_a_yes_opens_the_reply_by_saying_so(tmp_pat
     home = load(tmp_path)
     history = [{"role": "assistant", "content": "Do you want the bedroom lamp on?"}]
     assert marker_choices(home, "No, thanks.", history) == ([], ["Okay, I left the bedroom lamp as it is."])
-    assert marker_choices(home, "Okay, go home then.", history) == ([], ["I left the bedroom lamp as it is."])
+    not_caught = "Sorry, I didn't catch that. I left the bedroom lamp as it is."
+    assert marker_choices(home, "Okay, go home then.", history) == ([], [not_caught])
     assert "this answers nothing you asked; nothing was changed" in home.annotate("Okay, go home then.", history)
     assert marker_choices(home, "Yes, please.", history)[1] == [f"[ACTION {BEDROOM} ON]"]
     assert marker_choices(home, "Okay, go home then.")[1] == []  # no question back: the model answers freely

@@ -17,7 +17,9 @@ from audio.frames import SPEECH_RATE
 from audio.resample import resample
 from audio.sinks import WavSink
 from voice.assistant import Assistant
+from voice.dialog.turn import LLM_FAILED_SPEECH
 from voice.events import (
+    ReplyAudio,
     SpeechStarted,
     SpeechStopped,
     State,
@@ -376,8 +378,12 @@ async def test_failing_stages_end_the_turn_and_the_next_turn_works(assistant, mo
         yield  # pragma: no cover
 
     monkeypatch.setattr(session.conversation, "reply", broken_reply)
+    heard_before = len(rec.of(ReplyAudio))
     await session.ask("Hello again.")
     assert rec.of(TurnError)[1].stage == "llm" and session.state == State.IDLE
+    # the person hears that something went wrong, not silence; the history does not keep the apology
+    assert len(rec.of(ReplyAudio)) > heard_before
+    assert all(LLM_FAILED_SPEECH not in m["content"] for m in session.history)
     monkeypatch.undo()
     done = await session.ask("Say hi.")
     assert not done.interrupted and done.reply and session.state == State.IDLE

@@ -82,8 +82,9 @@ def say_value(value: str) -> str:
 @dataclass(frozen=True)
 class Declined:
     """The question back ended without a yes: the user said no (``said_no``), or words that answer nothing and
-    command nothing. Nothing is done, and the reply opens by saying so (``left_as_is``): left to itself, the model
-    has answered such words with "Done." when nothing was done."""
+    command nothing, which the reply owns up to not having understood. Nothing is done, and the reply opens by
+    saying so (``left_as_is``): left to itself, the model has answered such words with "Done." when nothing was
+    done."""
 
     devices: tuple[HomeDevice, ...]
     said_no: bool = True
@@ -92,7 +93,8 @@ class Declined:
     def left_as_is(self) -> str:
         names = listed([d.name for d in self.devices])
         it = "they are" if len(self.devices) > 1 or is_or_are(names) == "are" else "it is"
-        return f"{'Okay, ' if self.said_no else ''}I left the {names} as {it}."
+        opening = "Okay, " if self.said_no else "Sorry, I didn't catch that. "
+        return f"{opening}I left the {names} as {it}."
 
 
 Understood = Reading | Declined

@@ -37,6 +37,10 @@ __all__ = ["EarlyReply", "Turn", "TurnContext", "asked"]  # what a session build
 
 log = logging.getLogger("specvoice.turn")
 
+# what a person hears when the local model fails in the middle of a reply (the error itself goes to the log and
+# the TurnError event)
+LLM_FAILED_SPEECH = "Sorry, something went wrong with my answer."
+
 
 class Turn:
     """One reply, from the user's words to the last sample handed to the sink. ``start()`` runs it in its own
@@ -183,13 +187,14 @@ class Turn:
         return self._finish(parser, sink, error)
 
     async def _say_sorry(self, error: StageError, sink: AudioSink | None) -> None:
-        """An LLM that failed with something to tell the user (a remote server down, busy or slow: the error's
-        ``spoken`` sentence) says it, after whatever of the reply was heard. It is not part of the reply: the
-        history never sees it. A barge-in stops it like any speech."""
+        """An LLM that failed says so, after whatever of the reply was heard: a remote server's error has its own
+        sentence (down, busy or slow), any other failure the general one, so a person is never left with a reply
+        that stops mid-word and silence. It is not part of the reply: the history never sees it. A barge-in
+        stops it like any speech."""
         cause = error.__cause__
-        if error.stage != "llm" or not isinstance(cause, RemoteLLMError) or not self.speak:
+        if error.stage != "llm" or not self.speak:
             return
-        spoken = cause.spoken
+        spoken = cause.spoken if isinstance(cause, RemoteLLMError) else LLM_FAILED_SPEECH
         try:
             await self._speak_fragment(SpokenFragment(spoken, start_sample=self.outcome.samples_out), sink)
             if sink is not None:
