@@ -9,7 +9,6 @@ import json
 import logging
 
 import pytest
-from test_mqtt_bridge import ENTITIES, bridge_config, running
 
 from voice.assistant import Assistant
 from voice.transports.mqtt.bridge import MqttBridge
@@ -17,6 +16,7 @@ from voice.transports.mqtt.outbox import Outbox, TokenBucket
 from voice.transports.mqtt.payloads import Outgoing, Priority
 
 from broker import Broker, Home
+from test_mqtt_bridge import ENTITIES, bridge_config, running
 
 
 @pytest.fixture(scope="module")

@@ -174,6 +174,12 @@ class MQTTConfig(_Section):
     keepalive_s: int = Field(30, ge=5, le=3600)
     reconnect_min_s: float = Field(1.0, gt=0, description="first wait before reconnecting; doubles up to the max")
     reconnect_max_s: float = Field(60.0, gt=0)
+    command_timeout_s: float = Field(
+        5.0,
+        gt=0,
+        le=60,
+        description="a home command the broker has not taken within this time is never sent, and the user is told",
+    )
     discovery: bool = Field(True, description="publish Home Assistant discovery configs")
     publish_turns: Literal["local", "all", "none"] = Field(
         "local",

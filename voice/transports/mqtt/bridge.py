@@ -18,8 +18,9 @@ Topics (``<p>`` = ``mqtt.prefix``; every message QoS 1):
          <p>/answer        the answer to an ask: {"id", "question", "reply", "conversation_id", ...}
          <p>/spoken        a say or an event announcement was spoken: {"text", "source", "audio_s"}
          <p>/event         {"event_type": "wake_word" | "turn_end", ...} (a Home Assistant event entity)
-         <p>/action        a home action that was published: {"topic", "payload", "session"}
-         <p>/error         what went wrong and how to fix it: bad payloads, refused actions, a full queue
+         <p>/action        a home action the broker took: {"topic", "payload", "session"}
+         <p>/error         what went wrong and how to fix it: bad payloads, refused actions, a command not
+                           done (the broker away: home_commands.py), a full queue
 
 Whose turns are published (``mqtt.publish_turns``): by default only the MQTT-originated ones and the local
 device's (``specvoice run``); a websocket or Wyoming client's words never reach the broker. Transcripts and
@@ -52,6 +53,7 @@ from voice.tasks import cancel_and_wait, start
 from voice.transports.common import package_version
 from voice.transports.mqtt.commands import CommandRunner
 from voice.transports.mqtt.discovery import discovery_messages
+from voice.transports.mqtt.home_commands import CommandDelivery, HomeCommand, NotDone
 from voice.transports.mqtt.outbox import Outbox, QuietLog, TokenBucket
 from voice.transports.mqtt.payloads import (
     Command,
@@ -65,6 +67,7 @@ from voice.transports.mqtt.payloads import (
     render_event,
     template_fields,
 )
+from voice.transports.mqtt.turn_messages import finished_turn
 
 log = logging.getLogger("specvoice.mqtt")
 
@@ -115,6 +118,7 @@ class MqttBridge:
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
         self.outbox = Outbox(OUTBOX_LIMIT)
+        self.home_commands = CommandDelivery(self.outbox, cfg.command_timeout_s, self._not_done)
         self._stopping = False  # a clean stop: the publisher ends after the message in flight
         self.skipped = 0  # messages too big for the broker
         self.commands = CommandRunner(self)
@@ -186,6 +190,7 @@ class MqttBridge:
             self.assistant.remove_listener(self._on_event)
             if self._discovery_timer is not None:
                 self._discovery_timer.cancel()
+            self.home_commands.close()
             await cancel_and_wait(worker)
             await self.commands.close()
 
@@ -265,17 +270,25 @@ class MqttBridge:
                 )
                 continue
             self._in_flight = message
+            if isinstance(message, HomeCommand):
+                self.home_commands.sending(message)
             await client.publish(message.topic, message.payload, qos=1, retain=message.retain)
             self._in_flight = None
             if self._suspect is message:
                 self._suspect = None
             self.outbox.done(message)
+            if isinstance(message, HomeCommand):
+                self.home_commands.published(message)
+                notice = {"topic": message.topic, "payload": message.payload, "session": message.session}
+                self._send(self.topics.action, notice)
 
     def _lost_in_flight(self) -> None:
         """The connection dropped while a message was in flight. Twice for the same message: the broker refuses
         it (over its max_packet_size, which MQTT 3.1.1 cannot tell us): skip it rather than loop forever."""
         lost, self._in_flight = self._in_flight, None
-        if lost is not None and lost is self._suspect:
+        if isinstance(lost, HomeCommand):
+            self.home_commands.lost(lost)  # never sent twice: a device could switch twice
+        elif lost is not None and lost is self._suspect:
             self._suspect = None
             self._skip(
                 lost,
@@ -285,6 +298,8 @@ class MqttBridge:
             self._suspect = lost
 
     def _skip(self, message: Outgoing, why: str) -> None:
+        if isinstance(message, HomeCommand):
+            self.home_commands.withdraw(message)
         self.outbox.done(message)
         self.skipped += 1
         log.warning(
@@ -301,7 +316,10 @@ class MqttBridge:
     ) -> None:
         if isinstance(payload, dict):
             payload = json.dumps(payload, default=str)
-        dropped = self.outbox.put(Outgoing(topic, payload, retain, priority))
+        self._put(Outgoing(topic, payload, retain, priority))
+
+    def _put(self, message: Outgoing) -> None:
+        dropped = self.outbox.put(message)
         if dropped is not None:
             self._quiet.warning(
                 "outbox", "mqtt outbox full: dropped a message", topic=dropped.topic, dropped_total=self.outbox.dropped
@@ -411,46 +429,8 @@ class MqttBridge:
         elif isinstance(event, TranscriptFinal) and event.text.strip():
             self._send(t.transcript, {"text": event.text, "session": session_id}, retain=retain)
         elif isinstance(event, TurnDone) and session_id not in self.commands.saying:
-            self._send(
-                t.reply,
-                {
-                    "text": event.reply,
-                    "session": session_id,
-                    "turn_id": event.turn_id,
-                    "interrupted": event.interrupted,
-                },
-                retain=retain,
-            )
-            stages = event.trace.get("stages_ms", {})
-            stage = next((s for s in ("voice_to_voice", "text_to_voice") if s in stages), None)
-            decoder = event.trace.get("decoder") or {}
-            if stage is not None:
-                acceptance = round(100 * decoder["accepted_per_drafted"], 1) if decoder.get("drafted") else None
-                self._send(
-                    t.latency,
-                    {
-                        "ms": stages[stage],
-                        "stage": stage,
-                        "session": session_id,
-                        "turn_id": event.turn_id,
-                        "acceptance_pct": acceptance,
-                        "over_budget": event.trace.get("over_budget", []),
-                    },
-                    retain=True,
-                    priority=Priority.TELEMETRY,
-                )
-            self._send(
-                t.turn,
-                {
-                    "session": session_id,
-                    "turn_id": event.turn_id,
-                    "transcript": event.transcript,
-                    "reply": event.reply,
-                    "interrupted": event.interrupted,
-                    "trace": event.trace,
-                },
-                priority=Priority.TELEMETRY,
-            )
+            for message in finished_turn(t, session_id, event, retain=retain):
+                self._put(message)
             self.publish_event("turn_end", session=session_id, turn_id=event.turn_id, interrupted=event.interrupted)
         elif isinstance(event, TurnError):
             self._error(
@@ -468,8 +448,7 @@ class MqttBridge:
         if request.allowed and request.payload not in self.allowed.get(request.topic, []):
             reason = f"{request.topic!r} {request.payload!r} is not on this bridge's mqtt.allowed_actions"
         elif request.allowed:
-            self._send(request.topic, request.payload)
-            self._send(self.topics.action, {"topic": request.topic, "payload": request.payload, "session": session_id})
+            self.home_commands.send(request.topic, request.payload, session_id)
             log.info("home action", extra={"topic": request.topic, "payload": request.payload})
             return
         self._error(
@@ -480,6 +459,21 @@ class MqttBridge:
             session=session_id,
         )
         log.warning("home action refused", extra={"topic": request.topic, "payload": request.payload, "reason": reason})
+
+    def _not_done(self, failed: NotDone) -> None:
+        """A command that did not happen: on the error topic, and aloud where the home device's user waits."""
+        command = failed.command
+        self._error("action", failed.reason, topic=command.topic, payload=command.payload, session=command.session)
+        log.warning("home command not done", extra={"topic": command.topic, "reason": failed.reason})
+        name = next((d.name for d in self.cfg.devices if d.topic == command.topic), "device")
+        sentence = (
+            f"I lost the connection to the home: the {name} was not switched."
+            if failed.sure
+            else f"I lost the connection to the home while switching the {name}: it may not have been switched."
+        )
+        for session in self.commands.local:
+            if session.id == command.session:
+                self.assistant.spawn(session.say(sentence))
 
 
 def _explain(exc: aiomqtt.MqttError, cfg) -> str:

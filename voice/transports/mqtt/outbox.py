@@ -4,8 +4,9 @@ Why a bounded outbox with priorities: while the broker is away, turns go on and 
 can also make the bridge talk (every bad payload earns an error report, every ``homeassistant/status`` a round of
 discovery). The outbox holds at most ``limit`` results and telemetry; when full, telemetry goes first (oldest
 first), then the oldest result. Control messages (availability, state, discovery configs) replace the pending
-message on the same topic, so they never pile up and are never dropped: only the latest state matters.
-Publishing takes control first, then results, then telemetry; first in, first out within each.
+message on the same topic, so they never pile up and are never dropped: only the latest state matters. Home
+commands are never dropped or replaced either; they leave by being sent or withdrawn (home_commands.py).
+Publishing takes commands first, then control, results and telemetry; first in, first out within each.
 """
 
 from __future__ import annotations
@@ -31,6 +32,10 @@ class Outbox:
     def put(self, message: Outgoing) -> Outgoing | None:
         """Queue ``message``; returns the message dropped to make room (possibly ``message`` itself), if any."""
         queue = self._queues[message.priority]
+        if message.priority is Priority.COMMAND:  # each one is a request of its own: none replaces another
+            queue.append(message)
+            self.changed.set()
+            return None
         if message.priority is Priority.CONTROL:
             for i, pending in enumerate(queue):
                 if pending.topic == message.topic:

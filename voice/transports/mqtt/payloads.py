@@ -25,9 +25,10 @@ class PayloadError(ValueError):
 class Priority(IntEnum):
     """Which messages wait ahead of which in the outbox, and which go first when it is full."""
 
-    CONTROL = 0  # availability, state, discovery: only the latest per topic matters, so they never pile up
-    RESULT = 1  # answers, spoken, actions, transcripts, replies, events: what a home automation acts on
-    TELEMETRY = 2  # per-turn traces, latency, error reports: the first to be dropped
+    COMMAND = 0  # home actions: a person waits on them, so they go first and are never dropped (home_commands.py)
+    CONTROL = 1  # availability, state, discovery: only the latest per topic matters, so they never pile up
+    RESULT = 2  # answers, spoken, action notices, transcripts, replies, events: what a home automation acts on
+    TELEMETRY = 3  # per-turn traces, latency, error reports: the first to be dropped
 
 
 @dataclass(eq=False)  # identity: the outbox removes exactly the message it published
