@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import getpass
 import json
+import random
 import socket
 import subprocess
 import time
@@ -22,10 +23,28 @@ import aiomqtt
 MOSQUITTO = "/usr/sbin/mosquitto"
 
 
+# Ports a test server listens on come from below Linux's ephemeral range (32768 and up by default). A port the
+# kernel hands out for "port 0" is also what any process's next outgoing connection may take as its own source
+# port, between the check and the server's bind: a CI run lost a Wyoming test to exactly that.
+SERVER_PORTS = range(20000, 32768)
+_handed_out: set[int] = set()
+_ports = random.Random()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """A loopback port no one listens on now, never handed out before in this run."""
+    for _ in range(1000):
+        port = _ports.choice(SERVER_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
+        return port
+    raise RuntimeError(f"no free loopback port in {SERVER_PORTS}")
 
 
 @dataclass
