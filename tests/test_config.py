@@ -147,6 +147,9 @@ def test_cli_demo_with_a_bad_question_file_is_a_clear_error(tmp_path):
         ("[audio]\nfollow_up_s = -1\n", "audio.follow_up_s"),
         ('[audio]\nfollow_up_s = "soon"\n', "audio.follow_up_s"),
         ("[models]\nwake_word = 3\n", "models.wake_word"),
+        ("[mqtt]\ncommand_timeout_s = 0\n", "mqtt.command_timeout_s"),
+        ("[mqtt]\ncommand_timeout_s = 600\n", "mqtt.command_timeout_s"),
+        ('[mqtt]\ncommand_timeout_s = "soon"\n', "mqtt.command_timeout_s"),
     ],
 )
 def test_bad_tree_and_early_reply_values_name_the_key(tmp_path, text, key):

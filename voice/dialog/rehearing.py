@@ -7,8 +7,8 @@ Three such places, all only for speech: an answer to a question back that the wo
 that would act must also fit the audio well in itself, ``CHOSEN_FLOOR``, or the words heard stand); a yes or a
 value answering a question back, weighed against the noes and the other values (``Home.rivals``: such an answer
 acts, so one that may have been something else must not); and a command whose device name was heard as other
-words (``Home.renamings``).
-A name chosen so is a guess: the grounding asks back before anything is done (``Home.hear``).
+words (``Home.renamings``). A name chosen so is a guess: the grounding asks back before anything is done
+(``Home.hear``).
 """
 
 from __future__ import annotations
@@ -56,13 +56,14 @@ async def rehear(home: Home | None, text: str, history: Sequence[dict], transcri
         log.debug("answers scored", extra={"text": text, "own": own, "best": expected[best]})
         if fits[best] < own - ANSWER_MARGIN:
             return text
-        noes, _ = home.rivals(expected[best], history)
+        noes, others = home.rivals(expected[best], history)
         if noes and fits[best] < CHOSEN_FLOOR:
             # the words heard stand: they answer nothing, so nothing is done and the reply says it did not catch them
             log.info("an answer the audio fits loosely: not taken", extra={"text": expected[best], "fit": fits[best]})
             return text
         text = expected[best]  # an answer chosen so is weighed against its rivals too, as one heard
-    noes, others = home.rivals(text, history)
+    else:
+        noes, others = home.rivals(text, history)
     if noes:
         return await _undoubted(text, noes, others, transcription)
     if not (renamed := home.renamings(text, history)):
