@@ -372,6 +372,7 @@ async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
     wake_device.play_in_room(np.concatenate([piper("Hey Jarvis."), np.zeros(SPEECH_RATE, dtype=np.int16)]))
     event = json.loads(wake_device.wait_for("event", lambda p: "wake_word" in p, after=before, timeout=60))
     assert event["event_type"] == "wake_word" and "jarvis" in json.dumps(event)
+    settled(wake_device)  # whatever the wake started has been said: the recording below holds the say alone
     text = "The washing machine has finished."
     before = len(wake_device.messages())
     with wake_device.record() as recording:
@@ -379,6 +380,18 @@ async def test_wake_word_and_servers_in_the_same_process(wake_device, stt):
         wake_device.wait_for("spoken", after=before, timeout=120)
     heard = await stt.transcribe(recording.samples)
     assert spoken_as(text, heard), heard
+
+
+def settled(dev: Device, quiet_s: float = 1.5, timeout: float = 120) -> None:
+    """Until the device's last state is idle and nothing new was published for ``quiet_s``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        seen = dev.messages()
+        states = [payload for topic, payload in seen if topic == "state"]
+        time.sleep(quiet_s)
+        if states and states[-1] == "idle" and len(dev.messages()) == len(seen):
+            return
+    raise AssertionError(f"the device did not settle within {timeout}s: {dev.messages()[-10:]}")
 
 
 # ---- home commands: a spoken request through the device, the default LLM, and the allow-list ----------------
