@@ -17,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 import numpy as np
 
+from audio.device_watch import DeviceWatch, StreamSlot
 from audio.devices import DeviceError, find_device
 from audio.wavfile import write_wav
 
@@ -233,6 +234,9 @@ class SpeakerSink(_BufferedSink):
     "low" makes barge-in quickest; raise it when a busy machine makes playback crackle (``underflows``).
     If the device refuses ``sample_rate`` it is opened at its default rate, and ``self.sample_rate`` says so:
     callers resample to ``sink.sample_rate`` (audio.resample) before writing.
+
+    A speaker unplugged and plugged back is opened again (audio/device_watch.py). While it is away, what is
+    written is dropped and ``drain`` returns at once: nobody can hear it, and a reply must not wait for it.
     """
 
     def __init__(
@@ -248,20 +252,15 @@ class SpeakerSink(_BufferedSink):
 
         self.device = find_device(device, "output")
         self.underflows = 0
+        self.watch: DeviceWatch | None = None
+        self._latency_setting = latency
+        self._slot = StreamSlot()
         default_rate = int(sd.query_devices(self.device, "output")["default_samplerate"])
         error: Exception | None = None
         for rate in dict.fromkeys((sample_rate, default_rate)):
             super().__init__(rate, block_ms, max_buffer_s, reference_s)
             try:
-                self._stream = sd.OutputStream(
-                    device=self.device,
-                    samplerate=rate,
-                    channels=1,
-                    dtype="int16",
-                    blocksize=self.block,
-                    callback=self._callback,
-                    latency=latency,
-                )
+                stream = self._open_stream()
                 break
             except sd.PortAudioError as exc:
                 error = exc
@@ -270,11 +269,41 @@ class SpeakerSink(_BufferedSink):
                 f"cannot open audio output device {self.device!r}: {error}; "
                 f"fix: choose another audio.output_device (`python -m sounddevice` lists them)"
             )
-        self.latency = float(self._stream.latency)
+        self.latency = float(stream.latency)
         self.device_lead = self.latency
-        self._stream.start()
+        stream.start()
+        self._slot.put(stream)
+        self.watch = DeviceWatch(
+            "output", 1 / self.block_s, reopen=self._reopen, close=self._slot.close, on_lost=self.flush
+        )
+        self.watch.start()
+
+    def _open_stream(self):
+        import sounddevice as sd
+
+        return sd.OutputStream(
+            device=self.device,
+            samplerate=self.sample_rate,
+            channels=1,
+            dtype="int16",
+            blocksize=self.block,
+            callback=self._callback,
+            latency=self._latency_setting,
+        )
+
+    def _reopen(self) -> None:
+        stream = self._open_stream()
+        stream.start()
+        self._slot.put(stream)
+
+    @property
+    def lost(self) -> bool:
+        """The device is away (unplugged): writes are dropped until it is back."""
+        return self.watch is not None and self.watch.lost
 
     def _callback(self, outdata, frames, time_info, status) -> None:  # PortAudio thread: never blocks for long
+        if self.watch is not None:
+            self.watch.tick()
         if status.output_underflow:
             self.underflows += 1
         now = time.monotonic()
@@ -285,11 +314,18 @@ class SpeakerSink(_BufferedSink):
         self.device_lead = ahead  # how far ahead of "now" the block being filled will sound
         outdata[:, 0] = self._pull(frames, now + ahead)
 
+    async def write(self, samples: np.ndarray) -> None:
+        if self.lost:
+            return  # the speaker is away: nobody would hear it (the watch emptied the queue when it went)
+        await super().write(samples)
+
     async def drain(self) -> None:
-        while self._queued > 0:
+        while self._queued > 0 and not self.lost:
             await asyncio.sleep(self.block_s / 2)
-        await asyncio.sleep(max(0.0, self.last_play_end - time.monotonic()))
+        if not self.lost:
+            await asyncio.sleep(max(0.0, self.last_play_end - time.monotonic()))
 
     def close(self) -> None:
-        self._stream.stop()
-        self._stream.close()
+        if self.watch is not None:
+            self.watch.stop()  # first: it must not open the device again behind us
+        self._slot.close()

@@ -9,12 +9,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import numpy as np
 import soxr
 
+from audio.device_watch import DeviceWatch, StreamSlot
 from audio.devices import DeviceError, find_device
 from audio.frames import SPEECH_RATE, AudioChunk
 from audio.wavfile import read_wav
@@ -106,6 +107,8 @@ class MicSource:
     ``dropped`` (a stalled consumer must not stall the audio thread).
 
     If the device refuses ``rate``, it is opened at its default rate and resampled here (not in the callback).
+    A microphone unplugged and plugged back is opened again (audio/device_watch.py): the blocks stop while it
+    is away and go on when it is back.
     """
 
     def __init__(
@@ -124,16 +127,18 @@ class MicSource:
         self.overflows = 0  # PortAudio input overflows (the OS dropped audio before we saw it)
         self._max = max_queued_blocks
         self.latency = latency  # sounddevice's: "low", "high" or seconds of device buffering
-        self._queue: asyncio.Queue[tuple[np.ndarray, float] | None] | None = None
-        self._stream = None  # sounddevice.InputStream while capturing
+        self._queue: asyncio.Queue[tuple[np.ndarray, float, int] | None] | None = None
+        self._slot = StreamSlot()  # the sounddevice.InputStream while capturing
+        self.watch: DeviceWatch | None = None
+        self._closed = False
 
-    def _open(self, loop: asyncio.AbstractEventLoop) -> int:
+    def _open(self, loop: asyncio.AbstractEventLoop) -> None:
         import sounddevice as sd  # imported late: file sources need no PortAudio
 
         queue = self._queue
         assert queue is not None
 
-        def put(item: tuple[np.ndarray, float]) -> None:
+        def put(item: tuple[np.ndarray, float, int]) -> None:
             if queue.full():
                 self.dropped += 1
             else:
@@ -141,15 +146,20 @@ class MicSource:
 
         clock = _BlockClock(max_age=0.25)
 
-        def callback(indata, frames, time_info, status) -> None:  # PortAudio thread: copy, stamp, hand over
-            now = time.monotonic()
-            if status.input_overflow:
-                self.overflows += 1
-                clock.restart()
-            adc, current = time_info.inputBufferAdcTime, time_info.currentTime
-            # PortAudio's stream clock is not monotonic(): map it through the callback's "now"
-            t = clock.stamp(now, current - adc if adc > 0 and current > 0 else None, frames, device_rate)
-            loop.call_soon_threadsafe(put, (indata[:, 0].copy(), t))
+        def opened_at(device_rate: int) -> Callable[..., None]:
+            def callback(indata, frames, time_info, status) -> None:  # PortAudio thread: copy, stamp, hand over
+                now = time.monotonic()
+                if self.watch is not None:
+                    self.watch.tick()
+                if status.input_overflow:
+                    self.overflows += 1
+                    clock.restart()
+                adc, current = time_info.inputBufferAdcTime, time_info.currentTime
+                # PortAudio's stream clock is not monotonic(): map it through the callback's "now"
+                t = clock.stamp(now, current - adc if adc > 0 and current > 0 else None, frames, device_rate)
+                loop.call_soon_threadsafe(put, (indata[:, 0].copy(), t, device_rate))
+
+            return callback
 
         default_rate = int(sd.query_devices(self.device, "input")["default_samplerate"])
         error: Exception | None = None
@@ -161,12 +171,13 @@ class MicSource:
                     channels=1,
                     dtype="int16",
                     blocksize=device_rate * self.block_ms // 1000,
-                    callback=callback,
+                    callback=opened_at(device_rate),
                     latency=self.latency,
                 )
                 stream.start()
-                self._stream = stream
-                return device_rate
+                clock.restart()
+                self._slot.put(stream)
+                return
             except sd.PortAudioError as exc:
                 error = exc
                 log.info("input device refused a rate", extra={"rate": device_rate, "error": str(exc)})
@@ -180,27 +191,34 @@ class MicSource:
 
     async def _blocks(self) -> AsyncIterator[AudioChunk]:
         self._queue = asyncio.Queue(self._max)
-        device_rate = self._open(asyncio.get_running_loop())
-        converter = soxr.ResampleStream(device_rate, self.rate, 1, dtype="int16") if device_rate != self.rate else None
+        loop = asyncio.get_running_loop()
+        self._open(loop)
+        self.watch = DeviceWatch("input", 1000 / self.block_ms, reopen=lambda: self._open(loop), close=self._slot.close)
+        self.watch.start()
+        converters: dict[int, soxr.ResampleStream] = {}  # by device rate: a reopened device may choose another
         try:
             while True:
                 item = await self._queue.get()
                 if item is None:
                     return
-                samples, t = item
-                if converter is not None:
-                    samples = converter.resample_chunk(samples)
+                samples, t, device_rate = item
+                if device_rate != self.rate:
+                    if device_rate not in converters:
+                        converters[device_rate] = soxr.ResampleStream(device_rate, self.rate, 1, dtype="int16")
+                    samples = converters[device_rate].resample_chunk(samples)
                 yield AudioChunk(samples, self.rate, t)
         finally:
             self.close()
 
     def close(self) -> None:
         """Stop capturing; a running ``async for`` ends after the blocks already queued."""
-        if self._stream is not None:
-            self._stream.stop()
-            self._stream.close()
-            self._stream = None
-            if self._queue is not None:
-                if self._queue.full():
-                    self._queue.get_nowait()  # make room for the end marker
-                self._queue.put_nowait(None)
+        if self._closed:
+            return
+        self._closed = True
+        if self.watch is not None:
+            self.watch.stop()  # first: it must not open the device again behind us
+        self._slot.close()
+        if self._queue is not None:
+            if self._queue.full():
+                self._queue.get_nowait()  # make room for the end marker
+            self._queue.put_nowait(None)
