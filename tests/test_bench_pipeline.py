@@ -5,24 +5,14 @@ keeps a core busy for the run and leaves no process behind."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_cli import run_bench
 
 
-def bench_pipeline(tmp_path: Path, *flags: str, timeout: int = 600) -> subprocess.CompletedProcess[str]:
-    """`specvoice -c small bench pipeline FLAGS` in a fresh process, run from ``tmp_path``."""
-    return subprocess.run(
-        [sys.executable, "-m", "voice.app.cli", "-c", "small", "bench", "pipeline", *flags],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}},
-    )
+def bench_pipeline(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return run_bench(tmp_path, "pipeline", *flags)
 
 
 def spinners() -> set[str]:

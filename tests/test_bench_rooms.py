@@ -5,23 +5,14 @@ error."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from bench_cli import run_bench
 
 
-def _bench(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "voice.app.cli", "-c", "small", "bench", "rooms", *flags],
-        capture_output=True,
-        text=True,
-        timeout=600,
-        cwd=tmp_path,
-        env={"PYTHONPATH": str(ROOT), **{k: v for k, v in os.environ.items() if k != "PYTHONPATH"}},
-    )
+def _bench(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
+    return run_bench(tmp_path, "rooms", *flags)
 
 
 def test_bench_rooms_hears_a_request_over_a_fan_with_and_without_the_suppressor(tmp_path):

@@ -7,7 +7,10 @@
 2. A conversation of `--turns` text turns through one Session (short replies): time to first token per decile
    of turns, p50 and p95, with the prompt and prefill sizes; the goal is p95 of the last decile within 1.5x of
    the first (a history trim that keeps the KV cache).
-3. RSS all along; the goal is under 200 MB of growth over the run.
+3. With ``--spoken N``: N spoken turns into one home device session, with home commands, MQTT asks and a
+   Wyoming client among them (soak_spoken.py): time to first token, voice to voice and RSS per decile, each
+   command's deliveries to the light, and the errors logged.
+4. RSS all along; the goal is under 200 MB of growth over the run.
 
 `--inputs` and `--turns` can be small for a quick run; the same seed gives the same inputs. Prints a table and
 writes JSON (`--json`). Run it under `flock /tmp/bigmodel.lock` with the default (embedded) models.
@@ -23,6 +26,7 @@ import json
 import logging
 import platform
 import random
+import secrets
 import socket
 import time
 from collections import Counter
@@ -32,6 +36,7 @@ from typing import Any
 from voice.assistant import Assistant
 from voice.bench import count, positive, seconds
 from voice.bench import soak_hostile as hostile
+from voice.bench import soak_spoken as spoken
 from voice.latency import percentiles
 from voice.memory import settle_after_load
 from voice.server import serve
@@ -122,12 +127,22 @@ def quiet_console(level: int = logging.CRITICAL) -> Any:
             h.setLevel(lvl)
 
 
-async def hostile_phase(
-    config: Any, assistant: Assistant, args: argparse.Namespace, rss: dict[str, Any]
-) -> dict[str, Any]:
+def serving(config: Any) -> Any:
+    """``config`` for serving in this process: free loopback ports, Wyoming on, no shutdown grace."""
     cfg = config.model_copy(deep=True)
     cfg.server.port, cfg.wyoming.port, cfg.server.shutdown_grace_s = free_port(), free_port(), 0.0
     cfg.wyoming.enabled = True
+    return cfg
+
+
+def with_broker(cfg: Any, mosquitto: hostile.Mosquitto) -> None:
+    cfg.mqtt.enabled, cfg.mqtt.host, cfg.mqtt.port = True, "127.0.0.1", mosquitto.port
+
+
+async def hostile_phase(
+    config: Any, assistant: Assistant, args: argparse.Namespace, rss: dict[str, Any]
+) -> dict[str, Any]:
+    cfg = serving(config)
     use_mqtt = not args.no_mqtt and Path(hostile.MOSQUITTO).exists()
     broker = hostile.Mosquitto() if use_mqtt else contextlib.nullcontext()
     counts: Counter[str] = Counter()
@@ -140,7 +155,7 @@ async def hostile_phase(
     url = f"ws://127.0.0.1:{cfg.server.port}/v1/realtime"
     with broker as mosquitto, LogCounter() as logs, quiet_console():
         if mosquitto is not None:
-            cfg.mqtt.enabled, cfg.mqtt.host, cfg.mqtt.port = True, "127.0.0.1", mosquitto.port
+            with_broker(cfg, mosquitto)
         mqtt_inputs = hostile.mqtt_inputs(rng, cfg.mqtt.prefix, n_mqtt)
         stop, ready = asyncio.Event(), asyncio.Event()
         server = start(serve(cfg, ready=ready, assistant=assistant, stop=stop), name="serve")
@@ -311,6 +326,14 @@ def print_report(config: Any, args: argparse.Namespace, report: dict[str, Any]) 
         f"memory: {mem['frozen_objects']} objects frozen after loading; {mem['trims']} collections + trims after "
         f"sessions closed (the slowest held the event loop {mem['slowest_ms']} ms)"
     )
+    if "spoken" in report:
+        sp = report["spoken"]
+        spoken.print_spoken(sp)
+        logs = Counter(sp["logs"])
+        print(
+            f"  RSS at rest after them, over the end of their first tenth: {sp['rss_growth_mb']:+.0f} MB (goal <= "
+            f"100); logged: {logs['tracebacks']} tracebacks, {logs['error']} errors, {logs['warning']} warnings"
+        )
     conv = report["conversation"]
     if conv["deciles"]:
         print(f"time to first token by decile of {len(conv['turns'])} turns ({conv['failed_turns']} failed), ms:")
@@ -338,10 +361,19 @@ async def bench(config: Any, argv: list[str]) -> int:
     p.add_argument(
         "--gap-s", type=seconds, default=2.0, help="from a reply's end to the next question (its playback + the words)"
     )
-    p.add_argument("--no-mqtt", action="store_true", help="leave the MQTT bridge out")
+    p.add_argument(
+        "--spoken",
+        type=count,
+        default=0,
+        help="spoken turns into one home device session, with MQTT and Wyoming clients between them (needs "
+        "mosquitto; 0: skip them)",
+    )
+    p.add_argument("--no-mqtt", action="store_true", help="leave the MQTT bridge out of the hostile inputs")
     p.add_argument("--json", default="bench-results/soak.json")
     args = p.parse_args(argv)
-    config = config.model_copy(deep=True)
+    if args.spoken and not Path(hostile.MOSQUITTO).exists():
+        p.error(f"--spoken needs mosquitto ({hostile.MOSQUITTO}); fix: apt install mosquitto")
+    config = spoken.with_the_light(config) if args.spoken else config.model_copy(deep=True)
     config.llm.max_new_tokens = args.max_new_tokens
     rss: dict[str, Any] = {}
     assistant = await Assistant.load(config)
@@ -362,6 +394,15 @@ async def bench(config: Any, argv: list[str]) -> int:
         if args.inputs:
             report["hostile"] = await hostile_phase(config, assistant, args, rss)
         report["conversation"] = await conversation_phase(assistant, args.turns, args.gap_s, rss)
+        if args.spoken:
+            rss["before the spoken turns"] = rss_mb()
+            with hostile.Mosquitto() as mosquitto, LogCounter() as logs, quiet_console():
+                cfg = serving(config)
+                with_broker(cfg, mosquitto)
+                cfg.server.token = secrets.token_hex(16)  # the home can be switched: no open websocket API
+                report["spoken"] = await spoken.spoken_phase(assistant, cfg, PROMPTS, args.spoken, rss_mb)
+            report["spoken"]["logs"] = dict(logs.counts)
+            report["spoken"]["traceback_samples"] = logs.samples
         memory = assistant.memory  # give the closed sessions back as a server at rest would (voice/memory.py)
         await asyncio.sleep(memory.delay_s + memory.interval_s)
         rss["at rest, every session closed"] = rss_mb()
@@ -379,6 +420,10 @@ async def bench(config: Any, argv: list[str]) -> int:
         "trims": trimmer.runs,
         "slowest_ms": trimmer.slowest_ms,
     }
+    if args.spoken:
+        sp = report["spoken"]
+        first = sp["deciles"][0]["rss_mb_end"] if sp["deciles"] else rss["before the spoken turns"][0]
+        sp["rss_growth_mb"] = round(end - first, 1)  # at rest, from the end of the first tenth of the turns
     print_report(config, args, report)
     Path(args.json).parent.mkdir(parents=True, exist_ok=True)
     Path(args.json).write_text(json.dumps(report, indent=1))

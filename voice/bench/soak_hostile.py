@@ -257,7 +257,8 @@ def mqtt_inputs(rng: random.Random, prefix: str, n: int) -> list[tuple[str, byte
 
 
 class Mosquitto:
-    """A broker for the run: a free loopback port, no persistence, removed afterwards."""
+    """A broker for the run: a free loopback port, no persistence, removed afterwards. ``stop`` and ``start``
+    take it away and bring it back on the same port (bench faults)."""
 
     def __init__(self) -> None:
         self.dir = Path(tempfile.mkdtemp(prefix="specvoice-soak-"))
@@ -269,21 +270,29 @@ class Mosquitto:
         )
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> Mosquitto:
+    def start(self) -> None:
         self.proc = subprocess.Popen(
             [MOSQUITTO, "-c", str(self.dir / "mosquitto.conf")], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with contextlib.suppress(OSError), socket.create_connection(("127.0.0.1", self.port), timeout=0.2):
-                return self
+                return
             time.sleep(0.05)
         raise RuntimeError(f"mosquitto did not listen on {self.port}")
 
-    def __exit__(self, *exc: Any) -> None:
+    def stop(self) -> None:
         if self.proc is not None:
             self.proc.terminate()
             self.proc.wait(10)
+            self.proc = None
+
+    def __enter__(self) -> Mosquitto:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
         shutil.rmtree(self.dir, ignore_errors=True)
 
 
