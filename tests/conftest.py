@@ -37,7 +37,9 @@ def small_config():
 # it needs a broker (mosquitto), a browser, the default (big) models or a running server; a test in SLOW_TESTS runs
 # real decodes over many turns, a subprocess per case or a long audio set (each took over 5 s on the 2-core machine).
 FULL_ONLY_MODULES = {
+    "test_bench_faults",
     "test_bench_pipeline",
+    "test_bench_soak",
     "test_home_device",
     "test_llm_big",
     "test_llm_decoder",
@@ -75,6 +77,8 @@ FULL_ONLY_MODULES = {
     "test_wyoming_fuzz",
 }
 SLOW_TESTS = {
+    "test_a_device_unplugged_and_plugged_back_is_heard_again",
+    "test_streams_portaudio_stopped_are_opened_again",
     "test_a_trim_is_prepared_over_earlier_warm_ups_and_stays_exact",
     "test_references_match_what_was_said",
     "test_speculative_sampling_follows_the_target_distribution",

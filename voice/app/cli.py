@@ -28,7 +28,9 @@ COMMANDS = {
     "bench backchannel": "voice.bench.backchannel:main",
     "bench rooms": "voice.bench.room_hearing:main",
     "bench wake": "voice.bench.wake:main",
+    "bench faults": "voice.bench.faults:main",
 }
+BENCHES = [name.removeprefix("bench ") for name in COMMANDS if name.startswith("bench ")]
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -78,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
     bench.add_argument(
         "what",
         nargs="?",
-        choices=["llm", "speech", "pipeline", "soak", "frontend", "home", "backchannel", "rooms", "wake"],
+        choices=BENCHES,
     )
     return p
 
@@ -195,8 +197,7 @@ def _main(argv: list[str] | None) -> int:
     if args.command == "bench" and args.what is None:
         asked = bool({"-h", "--help"} & set(extra))
         print(
-            "usage: specvoice bench {llm,speech,pipeline,soak,frontend,home,backchannel,rooms,wake} [flags]   "
-            "(`specvoice bench llm --help`: its flags)",
+            f"usage: specvoice bench {{{','.join(BENCHES)}}} [flags]   (`specvoice bench llm --help`: its flags)",
             file=sys.stdout if asked else sys.stderr,
         )
         return 0 if asked else 2
