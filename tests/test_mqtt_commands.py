@@ -125,3 +125,35 @@ async def test_commands_go_first_are_never_dropped_and_one_lost_in_flight_is_not
     second = failed[-1].command
     assert [f.sure for f in failed] == [False, True] and second.payload == "OFF"
     assert outbox.waiting(Priority.COMMAND) == 0 and len(outbox) == 2
+
+
+async def test_a_command_while_the_broker_is_away_is_not_confirmed_first(small_config, broker):
+    """The bridge knows the broker is away when the person asks for the light: the reply is the truth at once
+    ("... not switched"), never "Done." followed by the correction, and no command is requested. With the broker
+    back, the same words switch the light."""
+    kitchen = HomeDeviceConfig(name="kitchen light", topic=LIGHT, payloads=["ON", "OFF"], area="kitchen")
+    config = small_config.model_copy(deep=True)
+    config.mqtt.devices = [kitchen]
+    with_light = Assistant.load_sync(config)
+    bridge = MqttBridge(bridge_config(with_light, broker, devices=[kitchen], reconnect_max_s=0.5), with_light)
+    try:
+        async with running(bridge):
+            rec = Recorder()
+            device = with_light.session(rec, name="device")
+            bridge.add_local(device)
+            broker.stop()
+            async with asyncio.timeout(15):
+                while bridge.connected.is_set():
+                    await asyncio.sleep(0.05)
+            done = await device.ask("Turn on the kitchen light.", speak=False)
+            assert done.reply.strip() == "I lost the connection to the home: the kitchen light was not switched."
+            assert not [e for e in rec.of(ActionRequested) if e.allowed]
+            broker.start()
+            async with asyncio.timeout(30):
+                await bridge.connected.wait()
+            done = await device.ask("Turn on the kitchen light.", speak=False)
+            assert "connection" not in done.reply
+            assert [(e.topic, e.payload) for e in rec.of(ActionRequested) if e.allowed] == [(LIGHT, "ON")]
+            await device.close()
+    finally:
+        await with_light.close()

@@ -60,6 +60,16 @@ _SAID = {
 }  # a value as the question back says it
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
 LATER_SPEECH = " Sorry, I can only do that now, not at a later time."
+
+
+def not_switched(name: str, *, sure: bool = True) -> str:
+    """What the person hears when the home could not be reached for a command: ``sure`` it was not done, or
+    lost while it was on its way."""
+    if sure:
+        return f"I lost the connection to the home: the {name} was not switched."
+    return f"I lost the connection to the home while switching the {name}: it may not have been switched."
+
+
 DECLINED = "declined"  # the intent of an answer that said no
 
 
@@ -111,6 +121,9 @@ class Home:
     grounded: bool = True  # False only to measure what the prompt does alone (`bench home --ungrounded`)
     language: str = "en"
     here: str | None = None  # the area the assistant stands in ("the light here")
+    # whether the MQTT bridge has the broker now: None before it ever connected (a command then waits for it),
+    # False while it is away (a command is refused at once, not confirmed and then reported as not done)
+    reachable: bool | None = None
 
     def __post_init__(self) -> None:
         self.grammar = HomeGrammar(self.devices, self.language, self.here)
@@ -335,6 +348,9 @@ class Home:
                 if (topic, payload) not in {(c.topic, c.payload) for c in understood.commands}:
                     return Refusal(f"the user's words ask for other commands ({understood.intent}), not {payload!r}")
                 if understood.certain:
+                    if self.reachable is False:
+                        away = "the home is not reachable (the MQTT broker is away)"
+                        return Refusal(away, " " + not_switched(device.name))
                     return None
                 alike = [c.device for c in understood.commands if c.payload == payload]  # one question for all
                 return Refusal(f"heard {heard!r}, not for certain: asked back", self.ask(alike, [payload]))

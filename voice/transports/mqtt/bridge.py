@@ -48,6 +48,7 @@ import aiomqtt
 
 from voice.config import Config
 from voice.dialog.actions import check_allowed
+from voice.dialog.home import not_switched
 from voice.events import ActionRequested, Event, State, StateChanged, TranscriptFinal, TurnDone, TurnError
 from voice.tasks import cancel_and_wait, start
 from voice.transports.common import package_version
@@ -174,6 +175,7 @@ class MqttBridge:
                     self.last_error = _explain(exc, self.cfg)
                 finally:
                     self.connected.clear()
+                    self._reachable(False)
                     self._lost_in_flight()
                 if was_connected:
                     delay = self.cfg.reconnect_min_s
@@ -259,6 +261,7 @@ class MqttBridge:
         while True:
             if not self.connected.is_set() and not self.outbox.waiting(Priority.CONTROL):
                 self.connected.set()  # connected and announced: availability, discovery and state are out
+                self._reachable(True)
             message = await self.outbox.wait()
             if self._stopping:
                 return
@@ -460,17 +463,18 @@ class MqttBridge:
         )
         log.warning("home action refused", extra={"topic": request.topic, "payload": request.payload, "reason": reason})
 
+    def _reachable(self, reachable: bool) -> None:
+        """Tell the home whether its commands can go out now (voice/dialog/home.py ``Home.reachable``)."""
+        if self.assistant.home is not None:
+            self.assistant.home.reachable = reachable
+
     def _not_done(self, failed: NotDone) -> None:
         """A command that did not happen: on the error topic, and aloud where the home device's user waits."""
         command = failed.command
         self._error("action", failed.reason, topic=command.topic, payload=command.payload, session=command.session)
         log.warning("home command not done", extra={"topic": command.topic, "reason": failed.reason})
         name = next((d.name for d in self.cfg.devices if d.topic == command.topic), "device")
-        sentence = (
-            f"I lost the connection to the home: the {name} was not switched."
-            if failed.sure
-            else f"I lost the connection to the home while switching the {name}: it may not have been switched."
-        )
+        sentence = not_switched(name, sure=failed.sure)
         for session in self.commands.local:
             if session.id == command.session:
                 self.assistant.spawn(session.say(sentence))
