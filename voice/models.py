@@ -15,6 +15,7 @@ a new stamp (a copy that kept the bytes). Only ``models verify`` hashes every fi
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import logging
@@ -297,8 +298,8 @@ def build_entry(entry: Entry, root: Path, force: bool = False, full_check: bool 
         log.info("building model cache", extra={"model": entry.name, "reason": problem or "forced"})
         tmp = root / f".{entry.name}.tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
         try:
+            tmp.mkdir(parents=True)
             assert entry.build is not None
             entry.build(tmp)
             _write_manifest(tmp)
@@ -309,6 +310,14 @@ def build_entry(entry: Entry, root: Path, force: bool = False, full_check: bool 
             shutil.rmtree(old, ignore_errors=True)
         except ModuleNotFoundError as exc:
             raise _missing_package_error(entry, exc) from None
+        except OSError as exc:
+            if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise ModelError(
+                f"no space left in the model cache {root} while preparing {entry.name} (it needs about "
+                f"{entry.size_mb} MB); nothing half-written was kept; fix: free space there or point "
+                f"SPECVOICE_CACHE at a disk with room, then `specvoice models prepare {entry.name}`"
+            ) from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
     return folder

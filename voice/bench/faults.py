@@ -10,6 +10,7 @@ client of the broker. Each fault is injected around a turn, then plain turns are
     Wyoming client gone mid-stream   a client sends half a recording and drops its connection
     SIGTERM during a reply           a `specvoice serve` process streams a Wyoming answer and gets SIGTERM
     SIGKILL during a reply           the same with SIGKILL; started again, as systemd's Restart= would
+    model cache disk full            `specvoice models prepare` into a 2 MB tmpfs (needs root), then into room
 
 For each: what the user heard (the home device's words) or the client saw, the light's deliveries (a command
 arrives once, or is reported as not done; never twice, never late, never silently lost), whether anything
@@ -384,8 +385,39 @@ async def signalled(cli_args: list[str], sig: signal.Signals, tmp: Path) -> Outc
     return out
 
 
+async def disk_full(cli_args: list[str], tmp: Path) -> Outcome:
+    """`specvoice models prepare` with the model cache on a 2 MB tmpfs (mounting needs root, as CI runs), then
+    into a folder with room: the first is one clear line and leaves nothing half-written; the second works."""
+    out = Outcome("model cache disk full")
+    tiny, roomy = tmp / "tiny", tmp / "roomy"
+    tiny.mkdir()
+    mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2M", "tmpfs", str(tiny)], capture_output=True)
+    if mounted.returncode != 0:
+        out.crashed, out.heard = True, [f"not run: cannot mount a small tmpfs ({mounted.stderr.decode().strip()})"]
+        return out
+    try:
+        full = await _prepare(cli_args, tiny)
+        left = [p.name for p in tiny.iterdir() if not p.name.endswith(".lock")]
+    finally:
+        subprocess.run(["umount", str(tiny)], capture_output=True)
+    cleared = time.monotonic()
+    again = await _prepare(cli_args, roomy)
+    error = full.stderr.strip().splitlines()[-1] if full.stderr.strip() else ""
+    out.heard = [f"exit {full.returncode}: {error}", f"left in the full cache: {left or 'nothing'}"]
+    out.crashed = full.returncode != 2 or "Traceback" in full.stderr or bool(left)
+    out.recovery_s = round(time.monotonic() - cleared, 2) if again.returncode == 0 else None
+    out.detail = {"full": full.stderr[-1500:], "roomy_rc": again.returncode, "roomy_stderr": again.stderr[-1500:]}
+    return out
+
+
+async def _prepare(cli_args: list[str], cache: Path) -> subprocess.CompletedProcess[str]:
+    cmd = [sys.executable, "-m", "voice.app.cli", *cli_args, "models", "prepare", "smart-turn-v3.2"]
+    env = {**os.environ, "SPECVOICE_CACHE": str(cache), "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    return await asyncio.to_thread(subprocess.run, cmd, capture_output=True, text=True, timeout=600, env=env)
+
+
 SIGNALS = {"sigterm": signal.SIGTERM, "sigkill": signal.SIGKILL}
-ALL = [*IN_PROCESS, *SIGNALS]
+ALL = [*IN_PROCESS, *SIGNALS, "disk-full"]
 
 
 def print_table(outcomes: list[Outcome], logs: dict[str, int]) -> None:
@@ -418,6 +450,8 @@ async def bench(config: Config, args: Any, argv: list[str]) -> int:
             outcome = await signalled(cli_args, SIGNALS[name], Path(tmp))
             outcomes.append(outcome)
             print(f"  {outcome.fault}: recovered in {outcome.recovery_s} s", file=sys.stderr)
+        if "disk-full" in faults:
+            outcomes.append(await disk_full(cli_args, Path(tmp)))
     print_table(outcomes, logs)
     Path(opts.json).parent.mkdir(parents=True, exist_ok=True)
     Path(opts.json).write_text(
