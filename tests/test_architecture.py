@@ -8,6 +8,7 @@ Imports are read with ``ast`` from every module, including imports inside functi
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -359,3 +360,26 @@ def test_the_task_rule_finds_bare_tasks_and_inline_stops():
         "9: cancel then gather",
         "10: cancel not awaited",
     ]
+
+
+# ---- clocks: a wall clock that jumps moves no deadline ---------------------------------------------------------
+
+WALL_CLOCK_READERS = {
+    "voice/transports/mqtt/bridge.py": "the time stamp of an <p>/error message, for whoever reads it",
+    "voice/models.py": "when a cache folder was built, in its manifest",
+    "llm/engine.py": "a sampling seed when none is set",
+}
+WALL_CLOCK = re.compile(r"\btime\.time(_ns)?\(\)|\bdatetime\.(now|utcnow|today)\(")
+
+
+def test_deadlines_and_latencies_run_on_the_monotonic_clock():
+    """The wall clock jumps (NTP's first sync after boot, a device without a clock battery, a person setting the
+    time): no timeout, deadline, pacing or latency may read it, so it is read only where a stamp is wanted. A
+    benchmark's JSON date is such a stamp too."""
+    readers = {
+        str(path.relative_to(ROOT))
+        for package in ("voice", "llm", "audio")
+        for path in sorted((ROOT / package).rglob("*.py"))
+        if WALL_CLOCK.search(path.read_text()) and "bench" not in path.relative_to(ROOT).parts[1]
+    }
+    assert readers == set(WALL_CLOCK_READERS)

@@ -1,5 +1,5 @@
 """`specvoice bench faults` as a user runs it, on the small models: every fault injected for real (a mosquitto
-stopped and started, an engine that raises, a Wyoming client that drops its socket, a `specvoice serve` process
+stopped and started, an engine that raises, Wyoming clients that drop their sockets, a `specvoice serve` process
 sent SIGTERM and SIGKILL and started again, a model cache on a full disk), and the device recovers from each by
 itself."""
 
@@ -15,7 +15,7 @@ def test_every_fault_is_survived_and_each_command_is_delivered_once_or_reported(
     run = run_bench(tmp_path, "faults", "--json", str(out), timeout=1200)
     assert run.returncode == 0, run.stdout[-4000:] + run.stderr[-4000:]
     faults = {f["fault"]: f for f in json.loads(out.read_text())["faults"]}
-    assert len(faults) == 7, list(faults)
+    assert len(faults) == 8, list(faults)
     for fault in faults.values():
         assert not fault["crashed"] and fault["recovery_s"] is not None, fault
     command = faults["broker away during a command"]
@@ -32,3 +32,5 @@ def test_every_fault_is_survived_and_each_command_is_delivered_once_or_reported(
     full = faults["model cache disk full"]
     assert full["heard"][0].startswith("exit 2: specvoice: no space left in the model cache"), full
     assert full["heard"][1] == "left in the full cache: nothing" and full["detail"]["roomy_rc"] == 0, full
+    storm = faults["Wyoming client reconnecting 30 times"]
+    assert storm["detail"]["open_sessions"][1] == storm["detail"]["open_sessions"][0], storm  # none left open

@@ -8,6 +8,8 @@ client of the broker. Each fault is injected around a turn, then plain turns are
     broker restarted during a turn   mosquitto stopped and started while a question is heard and answered
     engine fails mid-reply           the LLM engine raises after its first tokens, for one turn
     Wyoming client gone mid-stream   a client sends half a recording and drops its connection
+    Wyoming client reconnecting      30 clients in a row leave halfway through a recording (Home Assistant
+                                     reconnecting); the server's /metrics must count no session left open
     SIGTERM during a reply           a `specvoice serve` process streams a Wyoming answer and gets SIGTERM
     SIGKILL during a reply           the same with SIGKILL; started again, as systemd's Restart= would
     model cache disk full            `specvoice models prepare` into a 2 MB tmpfs (needs root), then into room
@@ -214,26 +216,79 @@ async def engine_fails_mid_reply(rig: Rig) -> Outcome:
     return out
 
 
-async def wyoming_client_gone_mid_stream(rig: Rig) -> Outcome:
+async def half_a_recording(port: int, wav: Path, *, goodbye: bool) -> None:
+    """A Wyoming client that sends half of ``wav`` for transcription and leaves: with ``goodbye`` it ends the
+    audio and closes its side, without it the connection is just dropped."""
     from wyoming.asr import Transcribe
-    from wyoming.audio import AudioChunk, AudioStart
+    from wyoming.audio import AudioChunk, AudioStart, AudioStop
     from wyoming.event import async_write_event
 
-    out = Outcome("Wyoming client gone mid-stream")
-    samples, rate = read_wav(rig.wavs[QUESTION])
-    _, writer = await asyncio.open_connection("127.0.0.1", rig.config.wyoming.port)
+    samples, rate = read_wav(wav)
+    _, writer = await asyncio.open_connection("127.0.0.1", port)
     await async_write_event(Transcribe(language="en").event(), writer)
     await async_write_event(AudioStart(rate=rate, width=2, channels=1).event(), writer)
     half = samples[: len(samples) // 2]
     for i in range(0, len(half), rate // 10):
         await async_write_event(AudioChunk(rate, 2, 1, half[i : i + rate // 10].tobytes()).event(), writer)
-    writer.transport.abort()  # gone: no audio-stop, no goodbye
+    if goodbye:
+        await async_write_event(AudioStop().event(), writer)
+        writer.close()
+        await writer.wait_closed()
+    else:
+        writer.transport.abort()  # gone: no audio-stop, no goodbye
+
+
+def open_sessions(config: Config, transport: str) -> float:
+    """The server's own count of open sessions of ``transport``, read from /metrics as an operator would."""
+    import urllib.request
+
+    request = urllib.request.Request(
+        f"http://127.0.0.1:{config.server.port}/metrics", headers={"Authorization": f"Bearer {config.server.token}"}
+    )
+    with urllib.request.urlopen(request, timeout=10) as response:
+        for line in response.read().decode().splitlines():
+            if line.startswith(f'specvoice_sessions{{transport="{transport}"}}'):
+                return float(line.split()[-1])
+    return 0.0
+
+
+async def wyoming_client_gone_mid_stream(rig: Rig) -> Outcome:
+    out = Outcome("Wyoming client gone mid-stream")
+    await half_a_recording(rig.config.wyoming.port, rig.wavs[QUESTION], goodbye=False)
     cleared = time.monotonic()
     other = await spoken.wyoming_transcribe(rig.config.wyoming.port, rig.wavs[QUESTION])
     seen = await rig.spoken_turn(QUESTION, settle_s=0.5)
     out.recovery_s = round(time.monotonic() - cleared, 2) if other["ok"] and seen.worked else None
     out.heard = ["(the client left; the next Wyoming client and the home device were answered)"]
     out.detail = {"next_wyoming_client": other, "home_device_meanwhile": seen.said}
+    return out
+
+
+async def wyoming_reconnecting(rig: Rig, times: int = 30) -> Outcome:
+    """A Home Assistant that keeps reconnecting: ``times`` connections in a row, each leaving halfway through a
+    recording (every other one without a goodbye). Until the server has worked through what they sent, their
+    sessions hold slots (``server.max_sessions``) and a new client may be told ``busy``: recovered is when one
+    is answered again. Then every session they opened must be closed (the server's own /metrics count)."""
+    out = Outcome(f"Wyoming client reconnecting {times} times")
+    port = rig.config.wyoming.port
+    before = await asyncio.to_thread(open_sessions, rig.config, "wyoming")
+    for n in range(times):
+        await half_a_recording(port, rig.wavs[QUESTION], goodbye=n % 2 == 0)
+    cleared = time.monotonic()
+    refused = 0
+    while time.monotonic() - cleared < RECOVERY_LIMIT_S:
+        other = await spoken.wyoming_transcribe(port, rig.wavs[QUESTION])
+        if other["ok"]:
+            out.recovery_s = round(time.monotonic() - cleared, 2)
+            break
+        refused += 1
+        await asyncio.sleep(0.5)
+    after = await asyncio.to_thread(open_sessions, rig.config, "wyoming")
+    out.crashed = after != before  # a session left open by a client that is gone: a leak
+    out.heard = [
+        f"a new client refused {refused} times first; open Wyoming sessions before {before:.0f}, after {after:.0f}"
+    ]
+    out.detail = {"refused_first": refused, "open_sessions": [before, after]}
     return out
 
 
@@ -262,7 +317,7 @@ async def in_process(config: Config, faults: list[str]) -> tuple[list[Outcome], 
                 for name in chosen:
                     seen = logs.counts["tracebacks"]
                     outcome = await IN_PROCESS[name](rig)
-                    outcome.crashed = server.done() or logs.counts["tracebacks"] > seen
+                    outcome.crashed |= server.done() or logs.counts["tracebacks"] > seen
                     outcomes.append(outcome)
                     print(f"  {outcome.fault}: recovered in {outcome.recovery_s} s", file=sys.stderr)
         finally:
@@ -279,6 +334,7 @@ IN_PROCESS: dict[str, Callable[[Rig], Awaitable[Outcome]]] = {
     "broker-turn": broker_restarted_during_turn,
     "engine": engine_fails_mid_reply,
     "wyoming-client": wyoming_client_gone_mid_stream,
+    "wyoming-reconnects": wyoming_reconnecting,
 }
 
 
