@@ -6,13 +6,8 @@ from __future__ import annotations
 
 import json
 import subprocess
-from pathlib import Path
 
 from bench_cli import run_bench
-
-
-def bench_pipeline(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return run_bench(tmp_path, "pipeline", *flags)
 
 
 def spinners() -> set[str]:
@@ -23,7 +18,7 @@ def spinners() -> set[str]:
 def test_bench_pipeline_busy_writes_every_turn_and_stops_its_load(tmp_path):
     before = spinners()
     out = tmp_path / "pipeline.json"
-    run = bench_pipeline(tmp_path, "--questions", "1", "--busy", "--json", str(out))
+    run = run_bench(tmp_path, "pipeline", "--questions", "1", "--busy", "--json", str(out))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "one core kept busy" in run.stdout and "early replies" in run.stdout, run.stdout
     data = json.loads(out.read_text())
@@ -41,8 +36,8 @@ def test_bench_pipeline_in_a_room_times_the_answer_from_the_true_end_of_the_ques
     timed from the end of the question as spoken, on the same clock as the trace (so in the quiet it agrees with
     the trace's own voice-to-voice within the VAD's hangover)."""
     out = tmp_path / "pipeline.json"
-    run = bench_pipeline(
-        tmp_path, "--questions", "1", "--conditions", "clean,living-room-3m+fan@10", "--json", str(out)
+    run = run_bench(
+        tmp_path, "pipeline", "--questions", "1", "--conditions", "clean,living-room-3m+fan@10", "--json", str(out)
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     assert "end->voice p50" in run.stdout and "voiced" in run.stdout and "living-room-3m+fan@10" in run.stdout, (
@@ -60,5 +55,5 @@ def test_bench_pipeline_in_a_room_times_the_answer_from_the_true_end_of_the_ques
 
 
 def test_bench_pipeline_refuses_an_unknown_condition_before_loading_a_model(tmp_path):
-    run = bench_pipeline(tmp_path, "--conditions", "attic+fan@10", timeout=120)
+    run = run_bench(tmp_path, "pipeline", "--conditions", "attic+fan@10", timeout=120)
     assert run.returncode == 2 and "no room 'attic'" in run.stderr, run.stdout + run.stderr

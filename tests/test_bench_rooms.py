@@ -5,20 +5,23 @@ error."""
 from __future__ import annotations
 
 import json
-import subprocess
-from pathlib import Path
 
 from bench_cli import run_bench
 
 
-def _bench(tmp_path: Path, *flags: str) -> subprocess.CompletedProcess[str]:
-    return run_bench(tmp_path, "rooms", *flags)
-
-
 def test_bench_rooms_hears_a_request_over_a_fan_with_and_without_the_suppressor(tmp_path):
     out = tmp_path / "rooms.json"
-    run = _bench(
-        tmp_path, "--conditions", "living-room-3m+fan@10", "--voices", "1", "--per-voice", "1", "--json", str(out)
+    run = run_bench(
+        tmp_path,
+        "rooms",
+        "--conditions",
+        "living-room-3m+fan@10",
+        "--voices",
+        "1",
+        "--per-voice",
+        "1",
+        "--json",
+        str(out),
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     data = json.loads(out.read_text())
@@ -33,7 +36,7 @@ def test_bench_rooms_hears_a_request_over_a_fan_with_and_without_the_suppressor(
 
 def test_bench_rooms_compares_the_echo_cancellers(tmp_path):
     out = tmp_path / "echo.json"
-    run = _bench(tmp_path, "--echo", "--json", str(out))
+    run = run_bench(tmp_path, "rooms", "--echo", "--json", str(out))
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     echo = json.loads(out.read_text())["echo"]
     assert set(echo) == {"living-room", "kitchen"}
@@ -43,5 +46,5 @@ def test_bench_rooms_compares_the_echo_cancellers(tmp_path):
 
 
 def test_bench_rooms_names_what_is_wrong_with_a_condition(tmp_path):
-    run = _bench(tmp_path, "--conditions", "attic+fan@10")
+    run = run_bench(tmp_path, "rooms", "--conditions", "attic+fan@10")
     assert run.returncode == 2 and "no room 'attic'" in run.stdout, run.stdout + run.stderr
