@@ -76,6 +76,8 @@ def test_every_help_exits_0_with_usage_on_stdout(command):
         (("bench", "backchannel", "--echo-gain", "-1"), "--echo-gain: -1 is below 0"),
         (("bench", "backchannel", "--after", "soon"), "--after: 'soon' is not a number"),
         (("bench", "home", "--format", "json"), "--format: invalid choice"),
+        (("bench", "soak", "--spoken", "-3"), "--spoken: -3 is below 0"),
+        (("bench", "faults", "--only", "engine,meteor"), "unknown faults ['meteor']; fix: choose from"),
     ],
 )
 def test_a_nonsense_bench_number_is_a_usage_error_naming_the_flag(args, named):
