@@ -41,13 +41,11 @@ import contextlib
 import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 import aiomqtt
 
 from voice.config import Config
-from voice.dialog.actions import check_allowed
 from voice.dialog.home import not_switched
 from voice.events import ActionRequested, Event, State, StateChanged, TranscriptFinal, TurnDone, TurnError
 from voice.tasks import cancel_and_wait, start
@@ -66,8 +64,8 @@ from voice.transports.mqtt.payloads import (
     parse_ask,
     parse_text_command,
     render_event,
-    template_fields,
 )
+from voice.transports.mqtt.settings_check import check_settings, explain
 from voice.transports.mqtt.turn_messages import finished_turn
 
 log = logging.getLogger("specvoice.mqtt")
@@ -92,30 +90,9 @@ class MqttBridge:
         self.prefix = cfg.prefix.rstrip("/")
         self.topics = Topics.under(self.prefix)
         self.allowed = cfg.allow_list
-        check_allowed(self.allowed)
+        check_settings(cfg, self.prefix, self.allowed)
         # the devices' state topics: followed (retained values too) so that state questions have an answer
         self.state_topics = {d.state_topic for d in cfg.devices if d.state_topic}
-        for topic in self.allowed:
-            if topic.startswith((self.prefix + "/", cfg.discovery_prefix + "/")):
-                raise ValueError(
-                    f"mqtt.allowed_actions[{topic!r}] would let the model command the assistant or "
-                    "Home Assistant discovery itself; fix: allow only device command topics"
-                )
-        for topic, template in cfg.events.items():
-            try:
-                template_fields(template)
-            except ValueError as exc:
-                raise ValueError(
-                    f"mqtt.events[{topic!r}]: the sentence {template!r} is not a valid template ({exc}); "
-                    "fix: write fields as {name} and a literal brace as {{ or }}"
-                ) from None
-        for key in ("ca_file", "cert_file", "key_file"):
-            path = getattr(cfg, key)
-            if cfg.tls and path and not Path(path).expanduser().is_file():
-                raise ValueError(
-                    f"mqtt.{key} = {path!r} does not exist; fix: point it at a PEM file readable by "
-                    "the service (or unset it)"
-                )
         self.connected = asyncio.Event()
         self.last_error: str | None = None  # the last connection problem, phrased with its fix
         self.outbox = Outbox(OUTBOX_LIMIT)
@@ -172,7 +149,7 @@ class MqttBridge:
                         was_connected = True
                         await self._serve(client)
                 except aiomqtt.MqttError as exc:
-                    self.last_error = _explain(exc, self.cfg)
+                    self.last_error = explain(exc, self.cfg)
                 finally:
                     self.connected.clear()
                     self._reachable(False)
@@ -478,16 +455,3 @@ class MqttBridge:
         for session in self.commands.local:
             if session.id == command.session:
                 self.assistant.spawn(session.say(sentence))
-
-
-def _explain(exc: aiomqtt.MqttError, cfg) -> str:
-    """The connection error, with the setting to look at."""
-    text = str(exc)
-    lowered = text.lower()
-    if "not authori" in lowered or "bad user" in lowered or "credentials" in lowered:
-        return f"{text}; fix: check mqtt.username and mqtt.password (the broker refused them)"
-    if "certificate" in lowered or "ssl" in lowered or "tls" in lowered:
-        return f"{text}; fix: check mqtt.tls, mqtt.ca_file (the CA that signed the broker's certificate) and mqtt.host"
-    if "refused" in lowered or "connect" in lowered or "errno" in lowered:
-        return f"{text}; fix: check that the broker runs at mqtt.host:mqtt.port ({cfg.host}:{cfg.port})"
-    return text
