@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from audio.frames import SPEECH_RATE
 from audio.resample import resample
 from audio.sources import WavSource
 from audio.wavfile import write_wav
-from voice.events import TurnDone, TurnError
+from voice.events import Event, TurnDone, TurnError
 from voice.latency import LatencyTrace
 
 
@@ -54,6 +55,16 @@ async def play(
         await session.push_audio(chunk.samples, chunk.t)
     assert source.start_t is not None  # set by the first block
     return source.start_t
+
+
+def ends_into(finished: asyncio.Queue[Event | None]) -> Callable[[Event], None]:
+    """An event handler that passes the end of each turn (done or failed) into ``finished``."""
+
+    def handle(event: Event) -> None:
+        if isinstance(event, (TurnDone, TurnError)):
+            finished.put_nowait(event)
+
+    return handle
 
 
 async def turn_ended(done: asyncio.Queue[Any], timeout_s: float = 300.0) -> TurnDone | None:

@@ -18,7 +18,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -30,11 +29,11 @@ from audio.sinks import WavSink
 from audio.wavfile import write_wav
 from voice.assistant import Assistant
 from voice.bench import positive
-from voice.events import Event, TurnDone, TurnError
+from voice.events import Event
 from voice.latency import percentiles
 from voice.roomset import CONDITIONS_HELP, Condition, chosen
 from voice.speechset import Utterance, Voice, framed, wer
-from voice.wavturn import play, turn_ended
+from voice.wavturn import ends_into, play, turn_ended
 
 QUESTIONS = (
     "What is the capital of France?",
@@ -54,16 +53,6 @@ STAGES = (
     "voice_to_voice",
     "reply_total",
 )
-
-
-def _ends_into(finished: asyncio.Queue[Event | None]) -> Callable[[Event], None]:
-    """An event handler that passes the end of each turn (done or failed) into ``finished``."""
-
-    def handle(event: Event) -> None:
-        if isinstance(event, (TurnDone, TurnError)):
-            finished.put_nowait(event)
-
-    return handle
 
 
 async def bench(config, argv: list[str]) -> int:
@@ -114,7 +103,7 @@ async def _run(config, args: argparse.Namespace) -> int:
             write_wav(wav, condition.hear(question).audio, SPEECH_RATE)
             finished: asyncio.Queue[Event | None] = asyncio.Queue()
             sink = WavSink(None, assistant.tts_sample_rate, realtime=True)
-            session = assistant.session(_ends_into(finished), sink=sink)
+            session = assistant.session(ends_into(finished), sink=sink)
             session.decode = modes[mode]
             file_start = await play(session, wav)
             done = await turn_ended(finished)

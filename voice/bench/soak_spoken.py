@@ -29,10 +29,10 @@ from audio.sinks import WavSink
 from voice.assistant import Assistant
 from voice.config import Config
 from voice.config_servers import HomeDeviceConfig
-from voice.events import Event, TurnDone, TurnError
+from voice.events import Event, TurnDone
 from voice.latency import percentiles
 from voice.tasks import cancel_and_wait, start
-from voice.wavturn import play, synthesize_question, turn_ended
+from voice.wavturn import ends_into, play, synthesize_question, turn_ended
 
 LIGHT = HomeDeviceConfig.model_validate(
     {"name": "kitchen light", "topic": "home/kitchen/light/set", "payloads": ["ON", "OFF"], "area": "kitchen"}
@@ -49,14 +49,6 @@ def with_the_light(config: Config) -> Config:
     if all(d.topic != LIGHT.topic for d in config.mqtt.devices):
         config.mqtt.devices = [*config.mqtt.devices, LIGHT]
     return config
-
-
-def _into(queue: asyncio.Queue[Event | None]) -> Callable[[Event], None]:
-    def handle(event: Event) -> None:
-        if isinstance(event, (TurnDone, TurnError)):
-            queue.put_nowait(event)
-
-    return handle
 
 
 class Light:
@@ -149,7 +141,7 @@ async def spoken_phase(
 
     finished: asyncio.Queue[Event | None] = asyncio.Queue()
     sink = WavSink(None, assistant.tts_sample_rate, realtime=False)
-    session = assistant.session(_into(finished), sink=sink, name="soak device")
+    session = assistant.session(ends_into(finished), sink=sink, name="soak device")
     bridge = MqttBridge(config, assistant)
     bridge.add_local(session)
     rows: list[dict[str, Any]] = []
