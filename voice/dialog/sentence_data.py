@@ -15,6 +15,7 @@ from home_assistant_intents import get_intents
 
 SENTENCES = Path(__file__).parent / "sentences"
 
+NOT_NOW = "SpecvoiceNotNow"
 DOMAINS = frozenset({"light", "switch", "fan", "cover", "lock", "climate", "media_player", "valve", "vacuum"})
 
 
@@ -61,6 +62,7 @@ def language_data(language: str) -> dict[str, Any]:
         data["lists"] = {**data.get("lists", {}), **ours.get("lists", {})}
         data["sample_rules"] = ours.get("sample_rules", {})
         data["value_forms"] = ours.get("value_forms", {})
+        data["not_now"] = ours.get("not_now", {})
         data["skip_words"] = [*data.get("skip_words", []), *ours.get("skip_words", [])]
     return data
 
@@ -68,6 +70,26 @@ def language_data(language: str) -> dict[str, Any]:
 @functools.cache
 def intents_for(language: str) -> Intents:
     return Intents.from_dict(language_data(language))
+
+
+@functools.cache
+def not_now_for(language: str) -> Intents | None:
+    """The shapes of a sentence that asks for nothing now (a condition, a later time, a negation, words taken back,
+    someone else's words), as an intent of its own: read apart from the commands, so that its wildcards never slow
+    the matching of a command. None when the language has none."""
+    shapes = language_data(language).get("not_now") or {}
+    if not shapes.get("sentences"):
+        return None
+    data = language_data(language)
+    return Intents.from_dict(
+        {
+            "language": language,
+            "intents": {NOT_NOW: {"data": [{"sentences": shapes["sentences"]}]}},
+            "lists": shapes.get("lists", {}),
+            "expansion_rules": {**data.get("expansion_rules", {}), **shapes.get("expansion_rules", {})},
+            "skip_words": data.get("skip_words", []),
+        }
+    )
 
 
 @functools.cache

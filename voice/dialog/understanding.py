@@ -6,11 +6,14 @@ slots; ``DEEDS`` turns it into commands through each device's domain and allow-l
 an English word list: the words live in the sentence data, Home Assistant's and ours (voice/dialog/sentences/).
 
 How sure a reading is decides what happens (voice/dialog/home.py):
-- a strict match of the whole sentence is ``certain``: it acts;
-- a match after dropping a few words at either end, of the first clause alone ("switch the porch light on, the
-  kids are coming home"), with a name said in part ("the side gate" for the side gate lock), or of a sentence
-  that says nothing but a name, is a guess: the assistant asks back before anything is done;
-- no match: the language model answers, and whatever command it proposes is asked back too.
+- a strict match of the whole sentence is ``certain``: it acts; so is one of a single clause said beside clauses
+  that name nothing of the home and ask nothing ("switch the porch light on, the kids are coming home");
+- a match after dropping a few words at either end, of one clause among others that name the home too, with a
+  name said in part ("the side gate" for the side gate lock), or of a sentence that says nothing but a name, is a
+  guess: the assistant asks back before anything is done;
+- a sentence in one of the sentence data's shapes of "not now" (a condition, a later time, a negation, words taken
+  back, someone else's words) and any sentence that matches nothing: the language model answers, and whatever
+  command it proposes is asked back.
 Questions about state, requests for a later time and values a device cannot take never act.
 """
 
@@ -21,15 +24,16 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hassil import recognize_all
+from hassil import recognize, recognize_all
 from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult, is_match
+from hassil.sample import sample_sentence
 
 from voice.dialog.answers import ANSWER_INTENTS, AnswerGrammar
 from voice.dialog.devices import HomeDevice
-from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, language_data
+from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, language_data, not_now_for
 
 # Dropped from either end of a sentence that does not match as a whole, at most this many words in all: the
 # matcher's tolerance for a clause it has no template for. Such a match is only ever asked back.
@@ -187,25 +191,37 @@ class HomeGrammar:
         floors = dict.fromkeys(d.floor for d in self.devices if d.floor)
         kinds = kind_words(self.language)
         # a name without its last word when that word only says the device's kind ("lock the side gate" for the
-        # side gate lock): the sentence's verb says the kind again, so this is as sure as the whole name
+        # side gate lock), or without its first words when they only say the device's own area ("the skylight"
+        # for the loft skylight): the verb or the room says it again, so this is as sure as the whole name
         parts = _partial_names(self.devices)
-        kindless = [(said, i, context) for said, i, context, dropped in parts if dropped in kinds]
+        sure = [(said, i, context) for said, i, context, dropped in parts if dropped in kinds]
+        sure += _without_area(self.devices, kinds, {p.casefold() for p in (*areas, *floors) if p})
         guessed = [(said, i, context) for said, i, context, dropped in parts if dropped not in kinds]
         self._slots = {
-            "name": _text_list("name", [*names, *kindless]),
+            "name": _text_list("name", [*names, *sure, *_said_otherwise([*names, *sure], self.devices)]),
             "area": _text_list("area", ((a, a, None) for a in areas)),
             "floor": _text_list("floor", ((f, f, None) for f in floors)),
             "value": _text_list("value", ()),  # the answers' values: only while a question back is answered
         }
         # names said in part ("the side gate" for the side gate lock): only ever a guess, asked back
-        self._partial_slots = {**self._slots, "name": _text_list("name", [*names, *kindless, *guessed])}
+        self._partial_slots = {
+            **self._slots,
+            "name": _text_list("name", [*names, *sure, *_said_otherwise([*names, *sure], self.devices), *guessed]),
+        }
         # the words a sentence must hold to command anything here: its names, places, kinds, and the first word of
         # each way to say "everything" (not its "the" and "of")
         everything = str(language_data(self.language).get("expansion_rules", {}).get("everything", ""))
         firsts = [alternative.split()[0] for alternative in everything.strip("()").split("|") if alternative.split()]
         said = [*(n for n, _, _ in names), *areas, *floors, *(p for p, *_ in parts), *firsts]
         self._vocabulary = kinds | {w for text in said if text for w in _words(str(text))}
+        # the ways to say "everything", whole ("it all", not "it"): a clause beside a request that says one of them
+        # asks for more than that request
+        rule = parse_sentence(everything) if everything else None
+        forms = sample_sentence(rule, {}, {}, self.language) if rule is not None else []
+        self._everything = {" ".join(form.casefold().split()) for form in forms if form.strip()}
+        self._naming = kinds | {w for text in said[: len(said) - len(firsts)] if text for w in _words(str(text))}
         self.answers = AnswerGrammar(self.intents, self._slots, self.language)  # to a question back
+        self._not_now = not_now_for(self.language)
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
 
@@ -217,6 +233,10 @@ class HomeGrammar:
             return reading
         if not _words(text) & self._vocabulary:
             return NoMatch()  # names nothing of this home: no part of it can command it (and the search is slow)
+        if self._not_now is not None and recognize(text, self._not_now) is not None:
+            return NoMatch()  # a condition, a later time, a negation: the words ask for nothing now
+        if (said_with_reason := self._with_reason(text)) is not None:
+            return said_with_reason
         for shorter, slots in [(text, self._partial_slots), *((t, self._slots) for t in _trimmed(text, FUZZY_WORDS))]:
             guess = self._best(self._results(shorter, slots), shorter)
             if isinstance(guess, Act):
@@ -224,6 +244,27 @@ class HomeGrammar:
             if isinstance(guess, AskState):
                 return guess
         return NoMatch()
+
+    def _with_reason(self, text: str) -> Act | AskState | None:
+        """A whole request said in one clause, beside clauses that name nothing of this home and ask nothing ("switch
+        the porch light on, the kids are coming home", "I'm off to bed, lights off upstairs"): read as that clause
+        alone. A clause that is a question, or names a device, place or kind, leaves the sentence to the guesses."""
+        clauses = [c.strip() for c in re.findall(r"[^,;:.!?]+[,;:.!?]*", text) if c.strip(" ,;:.!?")]
+        naming = [c for c in clauses if _words(c) & self._naming or self._says_everything(c)]
+        others = [c for c in clauses if c is not naming[0]] if len(naming) == 1 else []
+        # a question beside it is not a reason; a number beside it may be a time or a value ("at 8, open the blinds")
+        if len(clauses) < 2 or not others or any(c.endswith("?") or re.search(r"\d", c) for c in others):
+            return None
+        clause = naming[0].rstrip(",;:.!? ")
+        reading = self._best(self._results(clause), clause)
+        if isinstance(reading, AskState) or (isinstance(reading, Act) and reading.certain):
+            return reading
+        return None
+
+    def _says_everything(self, clause: str) -> bool:
+        words = " ".join(re.findall(r"[^\W_]+", clause.casefold()))
+        words = f" {words} "
+        return any(f" {form} " in words for form in self._everything)
 
     def _results(self, text: str, slots: dict[str, SlotList] | None = None) -> list[RecognizeResult]:
         context = {"area": {"value": self.here, "text": self.here}} if self.here else None
@@ -365,6 +406,50 @@ def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[s
         if len(owners) == 1 and part not in places and part not in whole
         for i in owners
     ]
+
+
+def _without_area(
+    devices: Sequence[HomeDevice], kinds: frozenset[str], places: set[str]
+) -> list[tuple[str, int, dict[str, Any]]]:
+    """Each name that opens with its device's own area, without it ("skylight" for the loft skylight in the loft),
+    where what is left belongs to that device only, is no place's name, and is more than a kind word ("lamp" for
+    the lounge lamp could be any lamp)."""
+    found: dict[str, set[int]] = {}
+    for i, d in enumerate(devices):
+        area = (d.area or "").casefold()
+        for name in (d.name, *d.aliases):
+            rest = name.casefold().removeprefix(f"{area} ").strip() if area else ""
+            if rest and rest != name.casefold() and not set(rest.split()) <= kinds and rest not in places:
+                found.setdefault(rest, set()).add(i)
+    whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
+    return [
+        (rest, i, {"domain": devices[i].domain})
+        for rest, owners in found.items()
+        if len(owners) == 1 and rest not in whole
+        for i in owners
+    ]
+
+
+def _said_otherwise(
+    names: Sequence[tuple[str, int, dict[str, Any]]], devices: Sequence[HomeDevice]
+) -> list[tuple[str, int, dict[str, Any]]]:
+    """The same names in the other orders people use: its head word with "of" before its other words ("the door
+    of the cellar" for the cellar door), and its area before it ("the bathroom floor heating"). Only ones that
+    say no other device's name."""
+    taken = {said.casefold() for said, _, _ in names}
+    out: dict[str, tuple[str, int, dict[str, Any]]] = {}
+    for said, i, context in names:
+        words = said.casefold().split()
+        forms = [
+            f"{' '.join(words[k:])} of{the} {' '.join(words[:k])}" for k in range(1, len(words)) for the in ("", " the")
+        ]
+        area = (devices[i].area or "").casefold()
+        if area and not said.casefold().startswith(area):
+            forms.append(f"{area} {said.casefold()}")
+        for form in forms:
+            if form not in taken:
+                out.setdefault(form, (form, i, context))
+    return list(out.values())
 
 
 def _trimmed(text: str, most: int) -> list[str]:
