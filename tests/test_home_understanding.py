@@ -442,3 +442,43 @@ def test_a_question_back_left_without_a_yes_opens_the_reply_by_saying_so(tmp_pat
     assert "this answers nothing you asked; nothing was changed" in home.annotate("Okay, go home then.", history)
     assert marker_choices(home, "Yes, please.", history)[1] == [f"[ACTION {BEDROOM} ON]"]
     assert marker_choices(home, "Okay, go home then.")[1] == []  # no question back: the model answers freely
+
+
+def _patio() -> Home:
+    """A valve, an awning and a light outside, a speaker and a lamp inside."""
+    return Home(
+        [
+            HomeDevice(
+                "sprinkler valve", "h/patio/valve/set", ("OPEN", "CLOSE"), "patio", None, "valve", ("sprinklers",)
+            ),
+            HomeDevice("patio awning", "h/patio/awning/set", ("OPEN", "CLOSE", "50"), "patio", None, "cover"),
+            HomeDevice("string lights", "h/patio/lights/set", ("ON", "OFF"), "patio", None, "light"),
+            HomeDevice("lounge speaker", "h/lounge/speaker/set", ("PLAY", "PAUSE"), "lounge", None, "media_player"),
+            HomeDevice("reading lamp", "h/lounge/lamp/set", ("ON", "OFF"), "lounge", None, "light"),
+        ]
+    )
+
+
+@pytest.mark.parametrize(
+    "said, expected",
+    [
+        ("fire up the sprinklers", {("sprinkler valve", "OPEN")}),  # on and off verbs open and close a valve
+        ("shut the sprinklers off", {("sprinkler valve", "CLOSE")}),
+        ("play the lounge speaker", {("lounge speaker", "PLAY")}),
+        ("kill the music in the lounge", {("lounge speaker", "PAUSE")}),
+        ("patio awning halfway out", {("patio awning", "50")}),
+        ("close everything on the patio", {("sprinkler valve", "CLOSE"), ("patio awning", "CLOSE")}),  # no light
+        ("pop the reading lamp on in the lounge", {("reading lamp", "ON")}),  # a name with its own room
+        ("make sure the patio awning is closed", {("patio awning", "CLOSE")}),
+    ],
+)
+def test_valves_media_covers_and_names_with_their_room(said, expected):
+    understood = _patio().understand(said)
+    assert isinstance(understood, Act) and understood.certain, understood
+    assert {(c.device.name, c.payload) for c in understood.commands} == expected
+
+
+@pytest.mark.parametrize("said", ["turn on the reading lamp in the patio", "check the awning is closed"])
+def test_a_name_in_a_room_it_is_not_in_or_a_check_never_acts(said):
+    understood = _patio().understand(said)
+    assert not (isinstance(understood, Act) and understood.certain), understood

@@ -222,6 +222,9 @@ class HomeGrammar:
         self._naming = kinds | {w for text in said[: len(said) - len(firsts)] if text for w in _words(str(text))}
         self.answers = AnswerGrammar(self.intents, self._slots, self.language)  # to a question back
         self._not_now = not_now_for(self.language)
+        # the words that say a value ("on", "closed", "locked"): a sentence of nothing else says no verb
+        forms = language_data(self.language).get("value_forms", {})
+        self._value_words = {w for form in forms.values() for w in _words(str(form))}
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
 
@@ -293,10 +296,14 @@ class HomeGrammar:
         if (result.intent_metadata or {}).get("terse"):
             return True  # our sentence data marks its forms without a verb ("all the lights off upstairs")
         template = (result.intent_sentence.text if result.intent_sentence is not None else None) or ""
+        optional = re.findall(r"\[<(?!the>)([^>\]]*)>\]", template)
         bare = re.sub(r"\[<(?!the>)[^>\]]*>\]", "", template)  # the optional rule references, <the> kept
-        required = re.findall(r"<([^>]*)>", re.sub(r"\[[^\]]*\]", "", bare))
-        if any(not self._names_things(rule) for rule in required):
+        needed = re.sub(r"\[[^\]]*\]", "", bare)
+        if any(not self._names_things(rule) for rule in re.findall(r"<([^>]*)>", needed)):
             return False  # a verb it cannot do without: "<turn> off [<the>] {name}"
+        verb_left_out = any(not self._names_things(rule) for rule in optional)
+        if not verb_left_out and _words(re.sub(r"<[^>]*>|\{[^}]*\}", " ", needed)) - self._value_words:
+            return False  # a word of its own that says no value: a verb ("raise [<the>] {name}")
         slots = {**self.intents.slot_lists, **self._slots}
         return bool(
             is_match(
