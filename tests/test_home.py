@@ -16,7 +16,7 @@ from llm.settings import DecodeSettings, Emission
 from voice.config import ConfigError, load_config
 from voice.config_speech import TTSConfig
 from voice.dialog.actions import ACTION_TOOL, REFUSED_SPEECH, ActionParser, action_tool
-from voice.dialog.home import Home
+from voice.dialog.home import LATER_SPEECH, Home
 from voice.dialog.turn import EarlyReply, Turn, TurnContext
 from voice.events import ActionRequested, ToolCallRequested
 from voice.latency import LatencyStats, LatencyTrace
@@ -273,7 +273,7 @@ def test_the_constrained_format_opens_the_reply_with_the_commands_the_words_deci
     _, _, chat = tool_turn(home, "is the garage door open?", "It is open.", action_format="constrained")
     assert chat.constrained == ("[ACTION", []) and chat.opening == []
     _, _, chat = tool_turn(home, "turn off the kitchen light in ten minutes", "Sorry.", action_format="constrained")
-    assert chat.opening == ["Sorry, I can only do that now, not at a later time."]
+    assert chat.opening == [LATER_SPEECH.strip()]
 
     # a reply begun early on the pause's transcript (the eager end of turn) is constrained the same way
     async def early(heard: str) -> ScriptedChat:

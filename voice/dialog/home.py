@@ -59,7 +59,7 @@ _SAID = {
     "play": "playing",
 }  # a value as the question back says it
 UNKNOWN = "unknown"  # said for a device with a state topic from which nothing has come yet
-LATER_SPEECH = " Sorry, I can only do that now, not at a later time."
+LATER_SPEECH = " Sorry, I can only do that now, not at a later time or when something happens."
 
 
 def not_switched(name: str, *, sure: bool = True) -> str:

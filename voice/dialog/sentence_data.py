@@ -15,7 +15,9 @@ from home_assistant_intents import get_intents
 
 SENTENCES = Path(__file__).parent / "sentences"
 
-NOT_NOW = "SpecvoiceNotNow"
+# the two kinds of sentence that ask for nothing now (``not_now`` in the sentence data), by intent name
+LATER_SHAPE, NEVER_SHAPE = "SpecvoiceLater", "SpecvoiceNotNow"
+NOT_NOW = {LATER_SHAPE: "later", NEVER_SHAPE: "never"}
 DOMAINS = frozenset({"light", "switch", "fan", "cover", "lock", "climate", "media_player", "valve", "vacuum"})
 
 
@@ -63,6 +65,7 @@ def language_data(language: str) -> dict[str, Any]:
         data["sample_rules"] = ours.get("sample_rules", {})
         data["value_forms"] = ours.get("value_forms", {})
         data["not_now"] = ours.get("not_now", {})
+        data["pronouns"] = ours.get("pronouns", [])
         data["skip_words"] = [*data.get("skip_words", []), *ours.get("skip_words", [])]
     return data
 
@@ -74,17 +77,18 @@ def intents_for(language: str) -> Intents:
 
 @functools.cache
 def not_now_for(language: str) -> Intents | None:
-    """The shapes of a sentence that asks for nothing now (a condition, a later time, a negation, words taken back,
-    someone else's words), as an intent of its own: read apart from the commands, so that its wildcards never slow
-    the matching of a command. None when the language has none."""
+    """The shapes of a sentence that asks for nothing now (a condition or a later time; a negation, words taken
+    back, someone else's words), as two intents of their own: read apart from the commands, so that their wildcards
+    never slow the matching of a command. None when the language has none."""
     shapes = language_data(language).get("not_now") or {}
-    if not shapes.get("sentences"):
+    intents = {name: {"data": [{"sentences": shapes[key]}]} for name, key in NOT_NOW.items() if shapes.get(key)}
+    if not intents:
         return None
     data = language_data(language)
     return Intents.from_dict(
         {
             "language": language,
-            "intents": {NOT_NOW: {"data": [{"sentences": shapes["sentences"]}]}},
+            "intents": intents,
             "lists": shapes.get("lists", {}),
             "expansion_rules": {**data.get("expansion_rules", {}), **shapes.get("expansion_rules", {})},
             "skip_words": data.get("skip_words", []),

@@ -24,16 +24,24 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hassil import recognize, recognize_all
+from hassil import recognize_all
 from hassil.expression import TextChunk
 from hassil.intents import SlotList, TextSlotList, TextSlotValue
 from hassil.parse_expression import parse_sentence
 from hassil.recognize import RecognizeResult, is_match
 from hassil.sample import sample_sentence
+from hassil.util import remove_skip_words
 
 from voice.dialog.answers import ANSWER_INTENTS, AnswerGrammar
 from voice.dialog.devices import HomeDevice
-from voice.dialog.sentence_data import DOMAINS, intents_for, kind_words, language_data, not_now_for
+from voice.dialog.sentence_data import (
+    DOMAINS,
+    NEVER_SHAPE,
+    intents_for,
+    kind_words,
+    language_data,
+    not_now_for,
+)
 
 # Dropped from either end of a sentence that does not match as a whole, at most this many words in all: the
 # matcher's tolerance for a clause it has no template for. Such a match is only ever asked back.
@@ -225,21 +233,45 @@ class HomeGrammar:
         # the words that say a value ("on", "closed", "locked"): a sentence of nothing else says no verb
         forms = language_data(self.language).get("value_forms", {})
         self._value_words = {w for form in forms.values() for w in _words(str(form))}
+        self._pronouns = {str(w).casefold() for w in language_data(self.language).get("pronouns", [])}
 
     # ---- commands, questions, later ----------------------------------------------------------------------------
 
     def read(self, text: str) -> Reading:
-        """What ``text`` asks: the best strict reading of the whole sentence; else the best one after dropping a
-        few words at its ends (a guess: an ``Act`` that is not ``certain``); else ``NoMatch``."""
+        """What ``text`` asks: the best strict reading of the whole sentence; else, unless it is in a shape of "not
+        now", the one clause of it that asks something beside its reasons, or the best reading after dropping a few
+        words at its ends (a guess: an ``Act`` that is not ``certain``); else ``NoMatch``."""
         reading = self._best(self._results(text), text)
         if not isinstance(reading, NoMatch):
             return reading
         if not _words(text) & self._vocabulary:
             return NoMatch()  # names nothing of this home: no part of it can command it (and the search is slow)
-        if self._not_now is not None and recognize(text, self._not_now) is not None:
-            return NoMatch()  # a condition, a later time, a negation: the words ask for nothing now
-        if (said_with_reason := self._with_reason(text)) is not None:
-            return said_with_reason
+        shapes = self._not_now_shapes(text)
+        if any(shape.intent.name == NEVER_SHAPE for shape in shapes):
+            return NoMatch()  # a negation, words taken back, someone else's words: the model answers
+        reading = self._request_in(text) or self._guess(text)
+        if shapes:  # a condition or a later time: said as not done now when a command is in it
+            parts = {str(e.value).strip() for shape in shapes for e in shape.entities_list if e.is_wildcard}
+            commands = [part for part in parts if isinstance(self._best(self._results(part), part), Act)]
+            return Later(text) if isinstance(reading, Act) or commands else NoMatch()
+        return reading
+
+    def _not_now_shapes(self, text: str) -> list[RecognizeResult]:
+        """The shapes of "not now" the words are in, read without the words around a request that ask nothing
+        ("mind if we turn the fan on" is no condition), and only where each part the shape leaves open is whole
+        words (the matcher would find the "till" of "still")."""
+        if self._not_now is None:
+            return []
+        said = remove_skip_words(text, self.intents.skip_words, self.intents.settings.ignore_whitespace)
+        words = set(_words(said))
+        return [
+            shape
+            for shape in recognize_all(said, self._not_now, language=self.language)
+            if all(_words(str(e.value)) <= words for e in shape.entities_list if e.is_wildcard)
+        ]
+
+    def _guess(self, text: str) -> Act | AskState | NoMatch:
+        """The best reading after dropping a few words at the ends, of a clause, or with a name said in part."""
         for shorter, slots in [(text, self._partial_slots), *((t, self._slots) for t in _trimmed(text, FUZZY_WORDS))]:
             guess = self._best(self._results(shorter, slots), shorter)
             if isinstance(guess, Act):
@@ -247,6 +279,37 @@ class HomeGrammar:
             if isinstance(guess, AskState):
                 return guess
         return NoMatch()
+
+    def _request_in(self, text: str) -> Act | AskState | None:
+        """A sure reading of the words said another way round: a name said first and then the request with a
+        pronoun for it ("the velux, open it 75 percent"), or a request beside its reasons (``_with_reason``)."""
+        for said in dict.fromkeys([text, self._undislocated(text)]):
+            if said != text:
+                whole = self._best(self._results(said), said)
+                if isinstance(whole, AskState) or (isinstance(whole, Act) and whole.certain):
+                    return whole
+            if (clause := self._with_reason(said)) is not None:
+                return clause
+        return None
+
+    def _undislocated(self, text: str) -> str:
+        """The words with a clause that says nothing but a name put in place of the pronoun of the clause after it
+        ("the bunk bed light, flick it on" -> "flick the bunk bed light on"); else the words as they are."""
+        clauses = [c.strip(" ,;:.!?") for c in re.split(r"[,;:.!?]", text) if c.strip(" ,;:.!?")]
+        for i in range(len(clauses) - 1):
+            name, rest = clauses[i], clauses[i + 1]
+            pronoun = next((w for w in rest.split() if w.casefold() in self._pronouns), None)
+            if pronoun is None or not self._says_a_name(name):
+                continue
+            merged = re.sub(rf"\b{re.escape(pronoun)}\b", name, rest, count=1)
+            return ", ".join([*clauses[:i], merged, *clauses[i + 2 :]])
+        return text
+
+    def _says_a_name(self, clause: str) -> bool:
+        """The clause says a device's name and nothing else ("the roller shutter", "ok so the velux")."""
+        slots = {**self.intents.slot_lists, **self._slots}
+        rules, skip = self.intents.expansion_rules, self.intents.skip_words
+        return bool(is_match(clause, _NAME_ALONE, slots, rules, skip, language=self.language))
 
     def _with_reason(self, text: str) -> Act | AskState | None:
         """A whole request said in one clause, beside clauses that name nothing of this home and ask nothing ("switch
@@ -375,6 +438,9 @@ class HomeGrammar:
         if (exact := _first(device, (str(value),))) is not None:
             return exact
         return _first(device, _ENDS[value].get(device.domain, ())) if value in _ENDS else None
+
+
+_NAME_ALONE = parse_sentence("[<the>] {name}")
 
 
 def _bare(result: RecognizeResult) -> bool:
