@@ -360,6 +360,7 @@ def _loft() -> Home:
             HomeDevice("loft lamp", "h/loft/lamp/set", ("ON", "OFF"), "loft", None, "light"),
             HomeDevice("desk lamp", "h/study/lamp/set", ("ON", "OFF"), "study", None, "light"),
             HomeDevice("cellar door lock", "h/cellar/door/set", ("LOCK", "UNLOCK"), "cellar", None, "lock"),
+            HomeDevice("dining chandelier", "h/dining/chandelier/set", ("ON", "OFF"), "dining room", None, "light"),
         ]
     )
 
@@ -368,6 +369,7 @@ def _loft() -> Home:
     "said, certain, expected",
     [
         ("open the skylight", True, {"loft skylight"}),  # the room's name left out: still one device
+        ("put the chandelier on", True, {"dining chandelier"}),  # a word of the room's name left out
         ("turn on the lamp", False, set()),  # "lamp" alone is a kind, not the loft lamp
         ("lock the door of the cellar", True, {"cellar door lock"}),  # head word first, with "of"
         ("switch on the lamp of the desk", True, {"desk lamp"}),

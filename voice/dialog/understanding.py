@@ -484,15 +484,18 @@ def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[s
 def _without_area(
     devices: Sequence[HomeDevice], kinds: frozenset[str], places: set[str]
 ) -> list[tuple[str, int, dict[str, Any]]]:
-    """Each name that opens with its device's own area, without it ("skylight" for the loft skylight in the loft),
-    where what is left belongs to that device only, is no place's name, and is more than a kind word ("lamp" for
-    the lounge lamp could be any lamp)."""
+    """Each name that opens with words of its device's own area, without them ("skylight" for the loft skylight in
+    the loft, "chandelier" for the dining chandelier in the dining room), where what is left belongs to that device
+    only, is no place's name, and is more than a kind word ("lamp" for the lounge lamp could be any lamp)."""
     found: dict[str, set[int]] = {}
     for i, d in enumerate(devices):
-        area = (d.area or "").casefold()
+        area = set((d.area or "").casefold().split())
         for name in (d.name, *d.aliases):
-            rest = name.casefold().removeprefix(f"{area} ").strip() if area else ""
-            if rest and rest != name.casefold() and not set(rest.split()) <= kinds and rest not in places:
+            words = name.casefold().split()
+            while words and words[0] in area:
+                words = words[1:]
+            rest = " ".join(words)
+            if rest and rest != name.casefold() and not set(words) <= kinds and rest not in places:
                 found.setdefault(rest, set()).add(i)
     whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
     return [
