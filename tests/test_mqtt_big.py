@@ -150,7 +150,7 @@ async def test_a_question_back_answered_with_other_words_is_not_reported_done(as
         async with Home(broker, ("home/#",)) as home:
             mark, rec = home.mark(), Recorder()
             session = home_assistant.session(rec)
-            asked = await session.ask("The kitchen light, switch it on.", speak=False)
+            asked = await session.ask("Switch the kitchen light on, the kitchen is cold.", speak=False)
             assert asked.reply.strip().endswith("Do you want the kitchen light on?"), asked.reply
             left = await session.ask("Okay, go home then.", speak=False)
             await asyncio.sleep(1.0)  # a publish would land by now

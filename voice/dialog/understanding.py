@@ -34,6 +34,7 @@ from hassil.util import remove_skip_words
 
 from voice.dialog.answers import ANSWER_INTENTS, AnswerGrammar
 from voice.dialog.devices import HomeDevice
+from voice.dialog.name_forms import partial_names, said_otherwise, without_area
 from voice.dialog.sentence_data import (
     DOMAINS,
     NEVER_SHAPE,
@@ -201,12 +202,12 @@ class HomeGrammar:
         # a name without its last word when that word only says the device's kind ("lock the side gate" for the
         # side gate lock), or without its first words when they only say the device's own area ("the skylight"
         # for the loft skylight): the verb or the room says it again, so this is as sure as the whole name
-        parts = _partial_names(self.devices)
+        parts = partial_names(self.devices)
         sure = [(said, i, context) for said, i, context, dropped in parts if dropped in kinds]
-        sure += _without_area(self.devices, kinds, {p.casefold() for p in (*areas, *floors) if p})
+        sure += without_area(self.devices, kinds, {p.casefold() for p in (*areas, *floors) if p})
         guessed = [(said, i, context) for said, i, context, dropped in parts if dropped not in kinds]
         self._slots = {
-            "name": _text_list("name", [*names, *sure, *_said_otherwise([*names, *sure], self.devices)]),
+            "name": _text_list("name", [*names, *sure, *said_otherwise([*names, *sure], self.devices)]),
             "area": _text_list("area", ((a, a, None) for a in areas)),
             "floor": _text_list("floor", ((f, f, None) for f in floors)),
             "value": _text_list("value", ()),  # the answers' values: only while a question back is answered
@@ -214,7 +215,7 @@ class HomeGrammar:
         # names said in part ("the side gate" for the side gate lock): only ever a guess, asked back
         self._partial_slots = {
             **self._slots,
-            "name": _text_list("name", [*names, *sure, *_said_otherwise([*names, *sure], self.devices), *guessed]),
+            "name": _text_list("name", [*names, *sure, *said_otherwise([*names, *sure], self.devices), *guessed]),
         }
         # the words a sentence must hold to command anything here: its names, places, kinds, and the first word of
         # each way to say "everything" (not its "the" and "of")
@@ -457,75 +458,6 @@ def _first(device: HomeDevice, spellings: Sequence[str]) -> Command | None:
         if (payload := by_case.get(spelling.casefold())) is not None:
             return Command(device, payload)
     return None
-
-
-def _partial_names(devices: Sequence[HomeDevice]) -> list[tuple[str, int, dict[str, Any], str]]:
-    """Each name of several words without its first or its last word ("side gate" of "side gate lock"), where
-    that part belongs to one device only and is no area's or floor's name; with the last word it drops ("" for
-    the first: "the door" for the garage door is no sure name)."""
-    places = {p.casefold() for d in devices for p in (d.area, d.floor) if p}
-    found: dict[str, set[int]] = {}
-    dropped: dict[str, str] = {}
-    for i, d in enumerate(devices):
-        for name in (d.name, *d.aliases):
-            words = name.casefold().split()
-            for part, word in ((words[1:], ""), (words[:-1], words[-1])) if len(words) > 1 else ():
-                found.setdefault(" ".join(part), set()).add(i)
-                dropped[" ".join(part)] = word
-    whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
-    return [
-        (part, i, {"domain": devices[i].domain}, dropped[part])
-        for part, owners in found.items()
-        if len(owners) == 1 and part not in places and part not in whole
-        for i in owners
-    ]
-
-
-def _without_area(
-    devices: Sequence[HomeDevice], kinds: frozenset[str], places: set[str]
-) -> list[tuple[str, int, dict[str, Any]]]:
-    """Each name that opens with words of its device's own area, without them ("skylight" for the loft skylight in
-    the loft, "chandelier" for the dining chandelier in the dining room), where what is left belongs to that device
-    only, is no place's name, and is more than a kind word ("lamp" for the lounge lamp could be any lamp)."""
-    found: dict[str, set[int]] = {}
-    for i, d in enumerate(devices):
-        area = set((d.area or "").casefold().split())
-        for name in (d.name, *d.aliases):
-            words = name.casefold().split()
-            while words and words[0] in area:
-                words = words[1:]
-            rest = " ".join(words)
-            if rest and rest != name.casefold() and not set(words) <= kinds and rest not in places:
-                found.setdefault(rest, set()).add(i)
-    whole = {n.casefold() for d in devices for n in (d.name, *d.aliases)}
-    return [
-        (rest, i, {"domain": devices[i].domain})
-        for rest, owners in found.items()
-        if len(owners) == 1 and rest not in whole
-        for i in owners
-    ]
-
-
-def _said_otherwise(
-    names: Sequence[tuple[str, int, dict[str, Any]]], devices: Sequence[HomeDevice]
-) -> list[tuple[str, int, dict[str, Any]]]:
-    """The same names in the other orders people use: its head word with "of" before its other words ("the door
-    of the cellar" for the cellar door), and its area before it ("the bathroom floor heating"). Only ones that
-    say no other device's name."""
-    taken = {said.casefold() for said, _, _ in names}
-    out: dict[str, tuple[str, int, dict[str, Any]]] = {}
-    for said, i, context in names:
-        words = said.casefold().split()
-        forms = [
-            f"{' '.join(words[k:])} of{the} {' '.join(words[:k])}" for k in range(1, len(words)) for the in ("", " the")
-        ]
-        area = (devices[i].area or "").casefold()
-        if area and not said.casefold().startswith(area):
-            forms.append(f"{area} {said.casefold()}")
-        for form in forms:
-            if form not in taken:
-                out.setdefault(form, (form, i, context))
-    return list(out.values())
 
 
 def _trimmed(text: str, most: int) -> list[str]:
