@@ -296,7 +296,7 @@ class HomeGrammar:
     def _undislocated(self, text: str) -> str:
         """The words with a clause that says nothing but a name put in place of the pronoun of the clause after it
         ("the bunk bed light, flick it on" -> "flick the bunk bed light on"); else the words as they are."""
-        clauses = [c.strip(" ,;:.!?") for c in re.split(r"[,;:.!?]", text) if c.strip(" ,;:.!?")]
+        clauses = _clauses(text)
         for i in range(len(clauses) - 1):
             name, rest = clauses[i], clauses[i + 1]
             pronoun = next((w for w in rest.split() if w.casefold() in self._pronouns), None)
@@ -465,11 +465,16 @@ def _trimmed(text: str, most: int) -> list[str]:
     (the end before the start): what is left must still be most of what was said; then each of its clauses alone
     and so trimmed, the first first (a command said before or after its reason: "switch it on, the kids are home",
     "I'm done in here, you can turn the fan off"), and two clauses the other way round ("the fan, switch it on")."""
-    clauses = [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
+    clauses = _clauses(text)
     if len(clauses) < 2:
         return _shortened(text, most)
     swapped = [f"{clauses[1]} {clauses[0]}"] if len(clauses) == 2 else []
     return [*_shortened(text, most), *(t for c in clauses for t in (c, *_shortened(c, most))), *swapped]
+
+
+def _clauses(text: str) -> list[str]:
+    """The parts of the words between punctuation marks, each stripped."""
+    return [c.strip() for c in re.split(r"[,;:.!?]", text) if c.strip()]
 
 
 def _words(text: str) -> set[str]:
